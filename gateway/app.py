@@ -1,0 +1,111 @@
+"""Assemble a gateway from its settings: coordinator, object store, broker, listener."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from coordinator import open_coordinator
+from tiering.objectstore import open_store
+
+from .broker import Broker
+from .config import BrokerConfig
+from .server import GatewayServer
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_NODE_ID = 1
+
+
+class StartupError(Exception):
+    """The gateway cannot start; the message says why in one line."""
+
+
+def parse_host_port(value: str, what: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise StartupError(f"{what} must be HOST:PORT, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+@dataclass
+class GatewayOptions:
+    listen: str = "127.0.0.1:9092"
+    advertised: str | None = None
+    data_dir: Path = Path("stratalog-data")
+    coordinator: str | None = None
+    object_store: str | None = None
+    broker_id: int | None = None
+    settings: dict = field(default_factory=dict)
+    store_options: dict = field(default_factory=dict)
+    rack: str | None = None
+
+
+class Gateway:
+    def __init__(self, options: GatewayOptions):
+        self.options = options
+        self.config = BrokerConfig(options.settings)
+        self.host, self.port = parse_host_port(options.listen, "--listen")
+        self.data_dir = options.data_dir.resolve()
+        self.object_store_url = options.object_store or (self.data_dir / "objects").as_uri()
+        self.broker: Broker | None = None
+        self.server: GatewayServer | None = None
+        self._store = None
+
+    async def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.options.object_store is None:
+            (self.data_dir / "objects").mkdir(exist_ok=True)
+        try:
+            self._store = open_coordinator(self.options.coordinator, self.data_dir)
+        except (ValueError, OSError) as e:
+            raise StartupError(f"coordinator: {e}") from None
+        try:
+            objects = open_store(self.object_store_url, **self.options.store_options)
+        except (ValueError, OSError) as e:
+            raise StartupError(f"object store: {e}") from None
+        node_id = self.options.broker_id
+        if node_id is None or node_id < 0:
+            node_id = self.config["broker.id"] if self.config["broker.id"] >= 0 else EMBEDDED_NODE_ID
+        # Bind first: the advertised port of ":0" listeners is known only after binding.
+        self.server = GatewayServer(None, self.host, self.port,
+                                    max_request_bytes=self.config["socket.request.max.bytes"])
+        try:
+            await self.server.start()
+        except OSError as e:
+            raise StartupError(f"cannot listen on {self.host}:{self.port}: {e.strerror or e}") from None
+        self.port = self.server.port
+        adv = (parse_host_port(self.options.advertised, "--advertised") if self.options.advertised
+               else (self.host if self.host not in ("0.0.0.0", "::", "") else "127.0.0.1", self.port))
+        self.broker = Broker(self.config, node_id=node_id, advertised=adv, data_dir=self.data_dir,
+                             store=self._store, objects=objects, rack=self.options.rack)
+        self.server.broker = self.broker
+        await self.broker.start()
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            await self.server.stop()
+        if self.broker is not None:
+            await self.broker.stop()
+        if self._store is not None:
+            await self._store.close()
+
+    def banner(self) -> str:
+        a = self.broker.address
+        coord = self.options.coordinator or f"embedded at {self.data_dir}"
+        return (f"stratalog: serving Kafka on {self.host}:{self.port} "
+                f"(advertised {a.host}:{a.port}, node {a.node_id}); "
+                f"objects at {self.object_store_url}; coordinator {coord}")
+
+
+async def serve_forever(options: GatewayOptions, ready=print) -> None:
+    """Run until cancelled (SIGINT/SIGTERM), then flush and stop."""
+    gw = Gateway(options)
+    try:
+        await gw.start()
+        ready(gw.banner())
+        await asyncio.Event().wait()
+    finally:
+        await gw.stop()

@@ -1,0 +1,188 @@
+"""Gateway settings: Kafka's names wherever Kafka has the setting.
+
+Sources, later wins: the defaults below, a TOML file, `STRATALOG_*` environment variables
+(`STRATALOG_WAL_FLUSH_MS=50` sets `wal.flush.ms`), then command-line flags. Topic configs
+are resolved per topic: the topic's override, else the broker default it inherits from.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+
+class ConfigError(ValueError):
+    """A setting is unknown or its value does not parse."""
+
+
+def _bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    s = str(v).strip().lower()
+    if s in ("true", "1", "yes", "on"):
+        return True
+    if s in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {v!r}")
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, bool):
+        raise ValueError(f"not an integer: {v!r}")
+    return int(str(v).strip())
+
+
+def _choice(*allowed: str) -> Callable[[Any], str]:
+    def parse(v: Any) -> str:
+        s = str(v).strip()
+        if s not in allowed:
+            raise ValueError(f"{s!r} is not one of {', '.join(allowed)}")
+        return s
+    return parse
+
+
+def _policy(v: Any) -> str:
+    parts = sorted({p.strip() for p in str(v).split(",") if p.strip()})
+    if not parts or any(p not in ("delete", "compact") for p in parts):
+        raise ValueError(f"{v!r} is not delete, compact or both")
+    return ",".join(parts)
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: Any
+    parse: Callable[[Any], Any]
+    doc: str
+    minimum: int | None = None
+
+
+def _s(name, default, parse, doc, minimum=None) -> Setting:
+    return Setting(name, default, parse, doc, minimum)
+
+
+MiB = 1024 * 1024
+
+BROKER_SETTINGS: dict[str, Setting] = {s.name: s for s in [
+    _s("broker.id", -1, _int, "This gateway's node id; -1 picks one (embedded: 1)."),
+    _s("num.partitions", 1, _int, "Partitions of an auto-created topic.", 1),
+    _s("default.replication.factor", 1, _int, "Replication factor of an auto-created topic.", 1),
+    _s("auto.create.topics.enable", True, _bool, "Create a topic when a client asks for its metadata or produces to it."),
+    _s("message.max.bytes", 1048588, _int, "Largest record batch a topic accepts (topic: max.message.bytes).", 0),
+    _s("socket.request.max.bytes", 100 * MiB, _int, "Largest request frame; larger frames close the connection.", 1),
+    _s("log.segment.bytes", 64 * MiB, _int, "Seal the active segment at this size (topic: segment.bytes).", 14),
+    _s("log.roll.ms", 600_000, _int, "Seal the active segment this long after its first record (topic: segment.ms).", 1),
+    _s("log.retention.ms", 604_800_000, _int, "Delete sealed segments older than this; -1 keeps forever (topic: retention.ms).", -1),
+    _s("log.retention.bytes", -1, _int, "Delete the oldest segments past this size per partition; -1 no limit (topic: retention.bytes).", -1),
+    _s("log.retention.check.interval.ms", 60_000, _int, "How often retention and WAL garbage collection run.", 1),
+    _s("log.index.interval.bytes", 4096, _int, "Bytes between sparse index entries (topic: index.interval.bytes).", 0),
+    _s("log.cleanup.policy", "delete", _policy, "delete, compact or both (topic: cleanup.policy)."),
+    _s("log.message.timestamp.type", "CreateTime", _choice("CreateTime", "LogAppendTime"), "Topic: message.timestamp.type."),
+    _s("log.cleaner.delete.retention.ms", 86_400_000, _int, "How long tombstones survive compaction (topic: delete.retention.ms).", 0),
+    _s("log.cleaner.min.compaction.lag.ms", 0, _int, "Records younger than this are never compacted (topic: min.compaction.lag.ms).", 0),
+    _s("compression.type", "producer", _choice("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"), "Topic: compression.type (stored as produced)."),
+    _s("wal.flush.ms", 200, _int, "Longest time an appended batch waits for its WAL object.", 1),
+    _s("wal.flush.bytes", 8 * MiB, _int, "Flush the WAL buffer once it holds this many bytes.", 1),
+    _s("group.initial.rebalance.delay.ms", 3000, _int, "Wait for more members before the first rebalance of an empty group.", 0),
+    _s("group.min.session.timeout.ms", 6000, _int, "Smallest session timeout a consumer may ask for.", 1),
+    _s("group.max.session.timeout.ms", 1_800_000, _int, "Largest session timeout a consumer may ask for.", 1),
+    _s("remote.cache.bytes", 1024 * MiB, _int, "Disk cache for sealed-segment reads.", 0),
+    _s("producer.id.expiration.ms", 86_400_000, _int, "Forget an idle idempotent producer after this long.", 1),
+]}
+
+# topic config -> the broker setting that gives its default
+TOPIC_CONFIGS: dict[str, str] = {
+    "cleanup.policy": "log.cleanup.policy",
+    "compression.type": "compression.type",
+    "delete.retention.ms": "log.cleaner.delete.retention.ms",
+    "index.interval.bytes": "log.index.interval.bytes",
+    "max.message.bytes": "message.max.bytes",
+    "message.timestamp.type": "log.message.timestamp.type",
+    "min.compaction.lag.ms": "log.cleaner.min.compaction.lag.ms",
+    "retention.bytes": "log.retention.bytes",
+    "retention.ms": "log.retention.ms",
+    "segment.bytes": "log.segment.bytes",
+    "segment.ms": "log.roll.ms",
+}
+
+ENV_PREFIX = "STRATALOG_"
+
+
+def parse_value(name: str, raw: Any) -> Any:
+    """Parse one broker setting or topic config; ConfigError with a clear reason."""
+    key = TOPIC_CONFIGS.get(name, name)
+    setting = BROKER_SETTINGS.get(key)
+    if setting is None:
+        raise ConfigError(f"unknown setting {name!r}")
+    try:
+        value = setting.parse(raw)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"invalid value for {name}: {e}") from None
+    if setting.minimum is not None and isinstance(value, int) and value < setting.minimum:
+        raise ConfigError(f"invalid value for {name}: {value} is below {setting.minimum}")
+    return value
+
+
+class BrokerConfig:
+    """Resolved broker settings; `cfg["wal.flush.ms"]`."""
+
+    def __init__(self, values: Mapping[str, Any] | None = None):
+        self._values = {k: s.default for k, s in BROKER_SETTINGS.items()}
+        for k, v in (values or {}).items():
+            self._values[k] = parse_value(k, v)
+
+    def __getitem__(self, name: str) -> Any:
+        return self._values[name]
+
+    def items(self):
+        return self._values.items()
+
+    def topic_config(self, overrides: Mapping[str, str], name: str) -> Any:
+        """A topic config's effective value: the topic's override, else the broker default."""
+        if name in overrides:
+            return parse_value(name, overrides[name])
+        return self._values[TOPIC_CONFIGS[name]]
+
+    def topic_defaults(self) -> dict[str, Any]:
+        return {t: self._values[b] for t, b in TOPIC_CONFIGS.items()}
+
+
+def load_settings(config_file: Path | None = None, env: Mapping[str, str] | None = None,
+                  flags: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Merge the TOML file, the environment and flags into raw settings (later wins)."""
+    merged: dict[str, Any] = {}
+    if config_file is not None:
+        try:
+            data = tomllib.loads(Path(config_file).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {config_file} does not exist") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"config file {config_file} is not valid TOML: {e}") from None
+        merged.update(_flatten(data))
+    env = os.environ if env is None else env
+    names = {k.upper().replace(".", "_"): k for k in BROKER_SETTINGS}
+    for var, raw in env.items():
+        if var.startswith(ENV_PREFIX):
+            key = names.get(var[len(ENV_PREFIX):])
+            if key is not None:
+                merged[key] = raw
+    merged.update(flags or {})
+    for k in list(merged):
+        if k not in BROKER_SETTINGS:
+            raise ConfigError(f"unknown setting {k!r}")
+    return merged
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """TOML may nest (`[wal] flush.ms = 5`) or quote dotted keys; both name `wal.flush.ms`."""
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, name + "."))
+        else:
+            out[name] = v
+    return out

@@ -1,0 +1,46 @@
+"""The one place that turns internal failures into Kafka error codes."""
+
+from __future__ import annotations
+
+from coordinator.model import Fenced, TopicExists, UnknownTopic
+from tiering.batch import CorruptBatch, UnsupportedMagic
+
+from .config import ConfigError
+from .producers import InvalidProducerEpoch, OutOfOrderSequence
+from .protocol.error_codes import ErrorCode
+from .wal_writer import WalCommitFailed
+
+
+class KafkaError(Exception):
+    """A failure that the protocol answers with a specific error code."""
+
+    def __init__(self, code: ErrorCode, message: str = ""):
+        super().__init__(message or code.name)
+        self.code = code
+        self.message = message
+
+
+_BY_TYPE: list[tuple[type, ErrorCode]] = [
+    (UnsupportedMagic, ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT),
+    (CorruptBatch, ErrorCode.CORRUPT_MESSAGE),
+    (OutOfOrderSequence, ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER),
+    (InvalidProducerEpoch, ErrorCode.INVALID_PRODUCER_EPOCH),
+    (Fenced, ErrorCode.NOT_LEADER_OR_FOLLOWER),
+    (WalCommitFailed, ErrorCode.NOT_LEADER_OR_FOLLOWER),
+    (TopicExists, ErrorCode.TOPIC_ALREADY_EXISTS),
+    (UnknownTopic, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+    (ConfigError, ErrorCode.INVALID_CONFIG),
+]
+
+
+def error_code(exc: BaseException) -> ErrorCode:
+    if isinstance(exc, KafkaError):
+        return exc.code
+    for kind, code in _BY_TYPE:
+        if isinstance(exc, kind):
+            return code
+    return ErrorCode.UNKNOWN_SERVER_ERROR
+
+
+def error_message(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__

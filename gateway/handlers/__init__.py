@@ -1,0 +1,11 @@
+"""One module per API family; importing them registers their handlers."""
+
+import importlib
+
+_MODULES = ("api_versions", "metadata", "produce", "fetch", "list_offsets", "admin",
+            "producer_ids", "groups", "offsets")
+
+
+def load_handlers() -> None:
+    for name in _MODULES:
+        importlib.import_module(f"{__name__}.{name}")

@@ -1,0 +1,230 @@
+"""Topic administration: CreateTopics, DeleteTopics, CreatePartitions, DescribeConfigs,
+AlterConfigs, IncrementalAlterConfigs and DeleteRecords."""
+
+from __future__ import annotations
+
+from gateway.config import BROKER_SETTINGS, TOPIC_CONFIGS
+from gateway.errors import KafkaError, error_code, error_message
+from gateway.protocol.error_codes import ErrorCode
+
+from .registry import RequestContext, handles
+
+TOPIC, BROKER = 2, 4
+# DescribeConfigs config_source values
+DYNAMIC_TOPIC, STATIC_BROKER, DEFAULT = 1, 4, 5
+# DescribeConfigs config_type values
+BOOLEAN, STRING, INT, LONG, LIST = 1, 2, 3, 5, 7
+SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
+
+
+def _failure(e: Exception) -> dict:
+    return {"error_code": error_code(e), "error_message": error_message(e)}
+
+
+def _config_type(value) -> int:
+    if isinstance(value, bool):
+        return BOOLEAN
+    if isinstance(value, int):
+        return LONG
+    return STRING
+
+
+def _render(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+@handles(19, 0, 7)
+async def create_topics(ctx: RequestContext, req):
+    broker = ctx.broker
+    out = []
+    for t in req.topics:
+        row = {"name": t.name, "error_code": 0, "error_message": None}
+        try:
+            if t.assignments:
+                raise KafkaError(ErrorCode.INVALID_REQUEST, "manual replica assignments are not supported")
+            configs = {c.name: c.value for c in t.configs}
+            info = await broker.create_topic(t.name, t.num_partitions, t.replication_factor, configs,
+                                             validate_only=req.validate_only)
+            row.update(topic_id=info.topic_id, num_partitions=info.partitions,
+                       replication_factor=info.replication_factor,
+                       configs=[{"name": k, "value": _render(v), "read_only": False,
+                                 "config_source": DYNAMIC_TOPIC if k in info.configs else DEFAULT,
+                                 "is_sensitive": False}
+                                for k, v in sorted(_topic_values(broker, info.configs).items())])
+        except Exception as e:  # noqa: BLE001 - reported per topic
+            row.update(_failure(e))
+        out.append(row)
+    return {"throttle_time_ms": 0, "topics": out}
+
+
+def _topic_values(broker, overrides: dict) -> dict:
+    values = broker.config.topic_defaults()
+    for k, v in overrides.items():
+        values[k] = broker.config.topic_config(overrides, k)
+    return values
+
+
+@handles(20, 0, 6)
+async def delete_topics(ctx: RequestContext, req):
+    broker = ctx.broker
+    if ctx.version >= 6:
+        targets = [(t.name, t.topic_id) for t in req.topics]
+    else:
+        targets = [(n, None) for n in req.topic_names]
+    out = []
+    for name, topic_id in targets:
+        row = {"name": name, "topic_id": topic_id, "error_code": 0, "error_message": None}
+        try:
+            if name is None:
+                info = broker.topics_by_id.get(topic_id)
+                if info is None:
+                    raise KafkaError(ErrorCode.UNKNOWN_TOPIC_ID)
+                name = row["name"] = info.name
+            info = broker.topics.get(name)
+            if info is not None:
+                row["topic_id"] = info.topic_id
+            await broker.delete_topic(name)
+        except Exception as e:  # noqa: BLE001
+            row.update(_failure(e))
+        out.append(row)
+    return {"throttle_time_ms": 0, "responses": out}
+
+
+@handles(37, 0, 3)
+async def create_partitions(ctx: RequestContext, req):
+    out = []
+    for t in req.topics:
+        row = {"name": t.name, "error_code": 0, "error_message": None}
+        try:
+            if t.assignments:
+                raise KafkaError(ErrorCode.INVALID_REQUEST, "manual replica assignments are not supported")
+            await ctx.broker.add_partitions(t.name, t.count, validate_only=req.validate_only)
+        except Exception as e:  # noqa: BLE001
+            row.update(_failure(e))
+        out.append(row)
+    return {"throttle_time_ms": 0, "results": out}
+
+
+def _describe_topic(broker, name: str, keys) -> list[dict]:
+    info = broker.topics.get(name)
+    if info is None:
+        raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
+    rows = []
+    for k, v in sorted(_topic_values(broker, info.configs).items()):
+        if keys is not None and k not in keys:
+            continue
+        override = k in info.configs
+        broker_key = TOPIC_CONFIGS[k]
+        rows.append({"name": k, "value": _render(v), "read_only": False, "is_default": not override,
+                     "config_source": DYNAMIC_TOPIC if override else DEFAULT, "is_sensitive": False,
+                     "synonyms": [], "config_type": _config_type(v),
+                     "documentation": BROKER_SETTINGS[broker_key].doc})
+    return rows
+
+
+def _describe_broker(broker, keys) -> list[dict]:
+    rows = []
+    for k, v in sorted(broker.config.items()):
+        if keys is not None and k not in keys:
+            continue
+        rows.append({"name": k, "value": _render(v), "read_only": True,
+                     "is_default": v == BROKER_SETTINGS[k].default,
+                     "config_source": DEFAULT if v == BROKER_SETTINGS[k].default else STATIC_BROKER,
+                     "is_sensitive": False, "synonyms": [], "config_type": _config_type(v),
+                     "documentation": BROKER_SETTINGS[k].doc})
+    return rows
+
+
+@handles(32, 0, 4)
+async def describe_configs(ctx: RequestContext, req):
+    broker = ctx.broker
+    out = []
+    for r in req.resources:
+        row = {"error_code": 0, "error_message": None, "resource_type": r.resource_type,
+               "resource_name": r.resource_name, "configs": []}
+        keys = set(r.configuration_keys) if r.configuration_keys is not None else None
+        try:
+            if r.resource_type == TOPIC:
+                row["configs"] = _describe_topic(broker, r.resource_name, keys)
+            elif r.resource_type == BROKER:
+                if r.resource_name not in ("", str(broker.node_id)):
+                    raise KafkaError(ErrorCode.INVALID_REQUEST, f"no broker {r.resource_name!r} here")
+                row["configs"] = _describe_broker(broker, keys)
+            else:
+                raise KafkaError(ErrorCode.INVALID_REQUEST, f"resource type {r.resource_type} is not supported")
+        except Exception as e:  # noqa: BLE001
+            row.update(_failure(e))
+        out.append(row)
+    return {"throttle_time_ms": 0, "results": out}
+
+
+async def _alter(broker, r, build, validate_only: bool) -> dict:
+    row = {"error_code": 0, "error_message": None, "resource_type": r.resource_type,
+           "resource_name": r.resource_name}
+    try:
+        if r.resource_type != TOPIC:
+            raise KafkaError(ErrorCode.INVALID_REQUEST,
+                             "only topic configs can be altered; broker settings are static")
+        info = broker.topics.get(r.resource_name)
+        if info is None:
+            raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {r.resource_name!r} does not exist")
+        configs = build(dict(info.configs), r.configs)
+        checked = broker.check_topic_configs(configs)
+        if not validate_only:
+            await broker.set_topic_configs(r.resource_name, checked)
+    except Exception as e:  # noqa: BLE001
+        row.update(_failure(e))
+    return row
+
+
+def _replace(_current: dict, changes) -> dict:
+    return {c.name: c.value for c in changes}
+
+
+def _incremental(current: dict, changes) -> dict:
+    for c in changes:
+        if c.config_operation == SET:
+            current[c.name] = c.value
+        elif c.config_operation == DELETE:
+            current.pop(c.name, None)
+        elif c.config_operation in (APPEND, SUBTRACT):
+            if c.name != "cleanup.policy":
+                raise KafkaError(ErrorCode.INVALID_CONFIG, f"{c.name} is not a list config")
+            items = [x for x in current.get(c.name, "").split(",") if x]
+            value = [x for x in (c.value or "").split(",") if x]
+            if c.config_operation == APPEND:
+                items += [x for x in value if x not in items]
+            else:
+                items = [x for x in items if x not in value]
+            current[c.name] = ",".join(items) or "delete"
+        else:
+            raise KafkaError(ErrorCode.INVALID_REQUEST, f"unknown config operation {c.config_operation}")
+    return current
+
+
+@handles(33, 0, 2)
+async def alter_configs(ctx: RequestContext, req):
+    rows = [await _alter(ctx.broker, r, _replace, req.validate_only) for r in req.resources]
+    return {"throttle_time_ms": 0, "responses": rows}
+
+
+@handles(44, 0, 1)
+async def incremental_alter_configs(ctx: RequestContext, req):
+    rows = [await _alter(ctx.broker, r, _incremental, req.validate_only) for r in req.resources]
+    return {"throttle_time_ms": 0, "responses": rows}
+
+
+@handles(21, 0, 2)
+async def delete_records(ctx: RequestContext, req):
+    topics = []
+    for t in req.topics:
+        parts = []
+        for p in t.partitions:
+            row = {"partition_index": p.partition_index, "low_watermark": -1, "error_code": 0}
+            try:
+                row["low_watermark"] = await ctx.broker.delete_records(t.name, p.partition_index, p.offset)
+            except Exception as e:  # noqa: BLE001
+                row["error_code"] = error_code(e)
+            parts.append(row)
+        topics.append({"name": t.name, "partitions": parts})
+    return {"throttle_time_ms": 0, "topics": topics}

@@ -1,0 +1,20 @@
+"""ApiVersions: advertised straight from the handler registry."""
+
+from gateway.protocol.error_codes import ErrorCode
+
+from .registry import HANDLERS, RequestContext, handles
+
+API_VERSIONS = 18
+
+
+@handles(API_VERSIONS, 0, 4)
+async def api_versions(ctx: RequestContext, req):
+    keys = [{"api_key": h.api_key, "min_version": h.min_version, "max_version": h.max_version}
+            for h in sorted(HANDLERS.values(), key=lambda h: h.api_key)]
+    handler = HANDLERS[API_VERSIONS]
+    if not handler.min_version <= ctx.version <= handler.max_version:
+        # The client asked for a version we do not speak: Kafka answers in v0 with the
+        # error and our ranges, and the codec encodes ApiVersions' header as v0 regardless.
+        ctx.version = 0
+        return {"error_code": ErrorCode.UNSUPPORTED_VERSION, "api_keys": keys}
+    return {"error_code": 0, "api_keys": keys, "throttle_time_ms": 0}

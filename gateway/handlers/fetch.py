@@ -1,0 +1,103 @@
+"""Fetch: committed batches as stored, with long poll and byte limits.
+
+Batches go out exactly as they were appended (never re-encoded). The first partition
+with data always gets at least one whole batch, even past `max_bytes`, so a consumer can
+never stall on a large batch; after that, partitions are filled while they fit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from gateway.protocol.error_codes import ErrorCode
+from gateway.server import Deferred
+
+from .registry import RequestContext, handles
+
+
+def _resolve_topic(broker, t, version: int):
+    if version >= 13:
+        info = broker.topics_by_id.get(t.topic_id)
+        return (info.name if info else None), t.topic_id
+    info = broker.topics.get(t.topic)
+    return t.topic, (info.topic_id if info else None)
+
+
+async def _read_all(broker, req, version: int) -> tuple[list, int]:
+    remaining = req.max_bytes if version >= 3 else 0x7FFFFFFF
+    total = 0
+    responses = []
+    for t in req.topics:
+        name, topic_id = _resolve_topic(broker, t, version)
+        parts = []
+        for p in t.partitions:
+            entry = {"partition_index": p.partition, "error_code": 0, "high_watermark": -1,
+                     "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None,
+                     "preferred_read_replica": -1, "records": b""}
+            parts.append(entry)
+            if name is None:
+                entry["error_code"] = (ErrorCode.UNKNOWN_TOPIC_ID if version >= 13
+                                       else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+                continue
+            plog = broker.partition_leader(name, p.partition)
+            if plog is None:
+                count = broker.partition_count(name)
+                entry["error_code"] = (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                                       if count is None or p.partition >= count
+                                       else ErrorCode.NOT_LEADER_OR_FOLLOWER)
+                continue
+            if version >= 9 and p.current_leader_epoch >= 0 and p.current_leader_epoch != plog.leader_epoch:
+                entry["error_code"] = (ErrorCode.FENCED_LEADER_EPOCH
+                                       if p.current_leader_epoch < plog.leader_epoch
+                                       else ErrorCode.UNKNOWN_LEADER_EPOCH)
+                continue
+            entry["high_watermark"] = plog.high_watermark
+            entry["last_stable_offset"] = plog.high_watermark
+            entry["log_start_offset"] = plog.log_start_offset
+            offset = p.fetch_offset
+            if offset < plog.log_start_offset or offset > plog.high_watermark:
+                entry["error_code"] = ErrorCode.OFFSET_OUT_OF_RANGE
+                continue
+            limit = min(p.partition_max_bytes, remaining)
+            if limit <= 0 and total > 0:
+                continue
+            data = await plog.read(offset, max(limit, 1), broker.cache)
+            if data:
+                entry["records"] = data
+                total += len(data)
+                remaining -= len(data)
+        responses.append({"topic": name if name is not None else t.get("topic", ""),
+                          "topic_id": topic_id, "partitions": parts})
+    return responses, total
+
+
+@handles(1, 4, 17)
+async def fetch(ctx: RequestContext, req):
+    broker = ctx.broker
+    version = ctx.version
+    responses, total = await _read_all(broker, req, version)
+    if total >= max(req.min_bytes, 1) or req.max_wait_ms <= 0 or _has_errors(responses):
+        return _body(responses)
+    return Deferred(_long_poll(broker, req, version, responses, total))
+
+
+def _has_errors(responses) -> bool:
+    return any(p["error_code"] for t in responses for p in t["partitions"])
+
+
+async def _long_poll(broker, req, version, responses, total):
+    deadline = time.monotonic() + req.max_wait_ms / 1000
+    while total < max(req.min_bytes, 1):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        await broker.wait_for_data(left)
+        responses, total = await _read_all(broker, req, version)
+        if _has_errors(responses):
+            break
+    return _body(responses)
+
+
+def _body(responses) -> dict:
+    return {"throttle_time_ms": 0, "error_code": 0, "session_id": 0, "responses": responses}

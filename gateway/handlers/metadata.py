@@ -1,0 +1,77 @@
+"""Metadata and DescribeCluster: brokers, topics, partition leaders, replicas and ISR."""
+
+from __future__ import annotations
+
+from gateway.errors import KafkaError
+from gateway.protocol.error_codes import ErrorCode
+
+from .registry import RequestContext, handles
+
+CLUSTER_ACTIONS_OMITTED = -2147483648
+
+
+def _brokers(broker, id_field: str = "node_id"):
+    return [{id_field: a.node_id, "host": a.host, "port": a.port, "rack": a.rack}
+            for a in broker.live_brokers()]
+
+
+async def describe_topic(broker, name: str, info, error: int = 0) -> dict:
+    partitions = []
+    if info is not None:
+        states = await broker.partition_states(info)
+        for p in range(info.partitions):
+            st = states.get(p)
+            if st is None:
+                partitions.append({"error_code": ErrorCode.LEADER_NOT_AVAILABLE, "partition_index": p,
+                                   "leader_id": -1, "replica_nodes": [], "isr_nodes": []})
+                continue
+            partitions.append({
+                "error_code": 0 if st.leader >= 0 else ErrorCode.LEADER_NOT_AVAILABLE,
+                "partition_index": p, "leader_id": st.leader, "leader_epoch": st.leader_epoch,
+                "replica_nodes": list(st.replicas), "isr_nodes": list(st.isr),
+                "offline_replicas": [],
+            })
+    return {"error_code": error, "name": name, "topic_id": info.topic_id if info else None,
+            "is_internal": False, "partitions": partitions}
+
+
+@handles(3, 0, 12)
+async def metadata(ctx: RequestContext, req):
+    broker = ctx.broker
+    topics = []
+    if req.topics is None or (ctx.version == 0 and not req.topics):
+        for name in sorted(broker.topics):
+            topics.append(await describe_topic(broker, name, broker.topics[name]))
+    else:
+        auto = req.allow_auto_topic_creation if ctx.version >= 4 else True
+        for t in req.topics:
+            name = t.name
+            if name is None and t.topic_id is not None:
+                info = broker.topics_by_id.get(t.topic_id)
+                if info is None:
+                    topics.append({"error_code": ErrorCode.UNKNOWN_TOPIC_ID, "name": None,
+                                   "topic_id": t.topic_id, "partitions": []})
+                    continue
+                name = info.name
+            info = broker.topics.get(name)
+            error = 0
+            if info is None and auto:
+                try:
+                    info = await broker.ensure_topic(name)
+                except KafkaError as e:
+                    error = e.code
+            if info is None and not error:
+                error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            topics.append(await describe_topic(broker, name, info, error))
+    return {"throttle_time_ms": 0, "brokers": _brokers(broker), "cluster_id": broker.cluster_id,
+            "controller_id": broker.controller_id(), "topics": topics,
+            "cluster_authorized_operations": CLUSTER_ACTIONS_OMITTED}
+
+
+@handles(60, 0, 1)
+async def describe_cluster(ctx: RequestContext, req):
+    broker = ctx.broker
+    return {"throttle_time_ms": 0, "error_code": 0, "endpoint_type": 1,
+            "cluster_id": broker.cluster_id, "controller_id": broker.controller_id(),
+            "brokers": _brokers(broker, "broker_id"),
+            "cluster_authorized_operations": CLUSTER_ACTIONS_OMITTED}

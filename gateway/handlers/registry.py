@@ -1,0 +1,53 @@
+"""The registry of API handlers: ApiVersions advertises exactly what is registered here.
+
+A handler is an async function `(ctx, request_body) -> response_body` where the body is
+a decoded `Message` and the response is a `Message` or dict that the codec encodes at the
+request's version. Handlers never see bytes or sockets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+from gateway.protocol.schema import Message
+
+if TYPE_CHECKING:
+    from gateway.broker import Broker
+
+
+@dataclass(slots=True)
+class RequestContext:
+    broker: "Broker"
+    api_key: int
+    version: int
+    client_id: str | None
+    peer: str  # "host:port" of the client
+
+
+HandlerFn = Callable[[RequestContext, Message], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Handler:
+    api_key: int
+    min_version: int
+    max_version: int
+    fn: HandlerFn
+
+
+HANDLERS: dict[int, Handler] = {}
+
+
+def handles(api_key: int, min_version: int, max_version: int) -> Callable[[HandlerFn], HandlerFn]:
+    """Register a handler for the versions it answers."""
+
+    def register(fn: HandlerFn) -> HandlerFn:
+        HANDLERS[api_key] = Handler(api_key, min_version, max_version, fn)
+        return fn
+
+    return register
+
+
+def supported_versions() -> dict[int, tuple[int, int]]:
+    return {k: (h.min_version, h.max_version) for k, h in HANDLERS.items()}

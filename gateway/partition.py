@@ -1,0 +1,338 @@
+"""A partition this gateway leads: offsets, the local active segment, producer state.
+
+Offsets: `log_start_offset <= high_watermark <= next_offset`. Everything below the high
+watermark (HW) is committed to the coordinator and lives in the object store, as sealed
+segments or WAL ranges; consumers never see past it. Between HW and `next_offset` are
+batches appended locally and waiting for their WAL object to commit.
+
+The local files are a cache: a new leader rebuilds them from the object store
+(`recover`), so deleting them loses nothing that was committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from coordinator.model import ClusterStore, SegmentEntry
+from tiering import layout
+from tiering.batch import (HEADER_SIZE, BatchHeader, decode_records, patch_batch, scan_batches,
+                           set_log_append_time)
+from tiering.index import OffsetIndex, TimeIndex
+from tiering.objectstore.base import ObjectStore
+from tiering.remote import RemoteCache
+from tiering.segment import ActiveSegment
+
+from .producers import BatchMeta, ProducerTable
+
+log = logging.getLogger(__name__)
+
+
+class CorruptLog(Exception):
+    """Committed data could not be read back intact; the partition is not served."""
+
+
+@dataclass(slots=True)
+class Appended:
+    base_offset: int
+    last_offset: int
+    duplicate: bool = False
+
+
+class PartitionLog:
+    def __init__(self, topic: str, topic_id: uuid.UUID, partition: int, leader_epoch: int,
+                 directory: Path, *, index_interval_bytes: int, now_ms: int):
+        self.topic = topic
+        self.topic_id = topic_id
+        self.partition = partition
+        self.leader_epoch = leader_epoch
+        self.directory = directory
+        self.index_interval_bytes = index_interval_bytes
+        self.log_start_offset = 0
+        self.high_watermark = 0
+        self.next_offset = 0
+        self.sealed: list[SegmentEntry] = []
+        self.rolled: list[ActiveSegment] = []  # sealed locally, waiting to be uploaded
+        self.active: ActiveSegment | None = None
+        self.producers = ProducerTable()
+        # (leader epoch, first offset) in offset order, for OffsetForLeaderEpoch
+        self.epochs: list[tuple[int, int]] = []
+        self.now_ms = now_ms
+
+    @property
+    def key(self) -> tuple[uuid.UUID, int]:
+        return self.topic_id, self.partition
+
+    # ---- recovery ----------------------------------------------------------------------
+
+    @classmethod
+    async def recover(cls, topic: str, topic_id: uuid.UUID, partition: int, leader_epoch: int,
+                      directory: Path, store: ClusterStore, objects: ObjectStore, *,
+                      index_interval_bytes: int, now_ms: int) -> "PartitionLog":
+        """Rebuild the partition from the coordinator and the object store.
+
+        Sealed segments stay remote; committed WAL ranges after them are replayed into a
+        fresh local active segment. Whatever was on local disk is discarded first: it may
+        hold batches that were never committed.
+        """
+        p = cls(topic, topic_id, partition, leader_epoch, directory,
+                index_interval_bytes=index_interval_bytes, now_ms=now_ms)
+        if directory.exists():
+            shutil.rmtree(directory)
+        directory.mkdir(parents=True)
+        state = await store.log_state(topic_id, partition)
+        p.log_start_offset = state.log_start_offset
+        p.sealed = await store.segments(topic_id, partition)
+        if p.sealed:
+            last = p.sealed[-1]
+            p.producers = ProducerTable.restore(last.producers)
+            start = last.last_offset + 1
+            for s in p.sealed:
+                p._note_epoch(s.leader_epoch, s.base_offset)
+        else:
+            start = state.log_start_offset
+        start = max(start, state.log_start_offset)
+        ranges = await store.wal_ranges(topic_id, partition, start)
+        p.active = ActiveSegment.create(directory, start, index_interval_bytes=index_interval_bytes,
+                                        now_ms=now_ms)
+        p.next_offset = start
+        for key, r in ranges:
+            data = await objects.get(key, r.position, r.position + r.length)
+            batches, valid = scan_batches(data, validate_crc=True)
+            if valid != len(data) or not batches:
+                raise CorruptLog(f"{topic}-{partition}: WAL object {key} range at {r.position} "
+                                 f"is corrupt ({valid} of {len(data)} bytes valid)")
+            for pos, h in batches:
+                if h.last_offset < p.next_offset:
+                    continue  # sealed already, or below the log start
+                if h.base_offset > p.next_offset and p.active.size == 0:
+                    # Retention or DeleteRecords left a gap before the first replayed batch.
+                    p.active.delete()
+                    p.active = ActiveSegment.create(directory, h.base_offset,
+                                                    index_interval_bytes=index_interval_bytes,
+                                                    now_ms=now_ms)
+                p.active.append(memoryview(data)[pos:pos + h.size], h)
+                p._replayed(h)
+                p.next_offset = h.last_offset + 1
+        if p.next_offset < state.high_watermark:
+            raise CorruptLog(f"{topic}-{partition}: replayed up to offset {p.next_offset} but the "
+                             f"coordinator has committed up to {state.high_watermark}")
+        p.high_watermark = p.next_offset
+        p._note_epoch(leader_epoch, p.next_offset)
+        return p
+
+    def _replayed(self, h: BatchHeader) -> None:
+        self._note_epoch(h.partition_leader_epoch, h.base_offset)
+        if h.producer_id >= 0 and not h.is_control:
+            self.producers.record(h.producer_id, h.producer_epoch, h.base_sequence,
+                                  h.last_offset_delta + 1, h.base_offset, h.last_offset, h.max_timestamp)
+
+    def _note_epoch(self, epoch: int, offset: int) -> None:
+        if epoch < 0:
+            return
+        if not self.epochs or epoch > self.epochs[-1][0]:
+            self.epochs.append((epoch, offset))
+
+    # ---- write path --------------------------------------------------------------------
+
+    def check_duplicate(self, h: BatchHeader) -> BatchMeta | None:
+        """The original of a retried idempotent batch, or None; raises on a sequence error."""
+        if h.producer_id < 0:
+            return None
+        return self.producers.check(h.producer_id, h.producer_epoch, h.base_sequence,
+                                    h.last_offset_delta + 1)
+
+    def append(self, batch: memoryview, h: BatchHeader, *, now_ms: int,
+               log_append_time: bool) -> tuple[bytearray, BatchHeader]:
+        """Assign offsets to one validated batch and append it to the active segment.
+
+        Returns the patched bytes (for the WAL buffer) and the header as stored.
+        """
+        data = bytearray(batch)
+        base = self.next_offset
+        patch_batch(data, 0, base, self.leader_epoch)
+        if log_append_time:
+            set_log_append_time(data, 0, now_ms)
+        stored = BatchHeader.parse(data, 0)
+        self.active.append(data, stored)
+        self.next_offset = stored.last_offset + 1
+        if h.producer_id >= 0:
+            self.producers.record(h.producer_id, h.producer_epoch, h.base_sequence,
+                                  h.last_offset_delta + 1, base, stored.last_offset, now_ms)
+        return data, stored
+
+    def committed(self, end_offset: int) -> None:
+        """The coordinator holds everything below end_offset."""
+        if end_offset > self.high_watermark:
+            self.high_watermark = end_offset
+
+    def roll(self, now_ms: int) -> ActiveSegment | None:
+        """Start a new active segment; the old one waits in `rolled` for upload."""
+        old = self.active
+        if old is None or old.size == 0:
+            return None
+        self.active = ActiveSegment.create(self.directory, self.next_offset,
+                                           index_interval_bytes=self.index_interval_bytes, now_ms=now_ms)
+        self.rolled.append(old)
+        return old
+
+    def segment_uploaded(self, seg: ActiveSegment, entry: SegmentEntry) -> None:
+        self.sealed.append(entry)
+        self.rolled.remove(seg)
+        seg.delete()
+
+    # ---- read path ---------------------------------------------------------------------
+
+    def local_segment_for(self, offset: int) -> ActiveSegment | None:
+        for seg in (*self.rolled, self.active):
+            if seg is not None and seg.base_offset <= offset < seg.next_offset:
+                return seg
+        return None
+
+    def sealed_segment_for(self, offset: int) -> SegmentEntry | None:
+        for entry in self.sealed:
+            if entry.base_offset <= offset <= entry.last_offset:
+                return entry
+            if entry.base_offset > offset:
+                return entry  # offset fell in a gap left by compaction: start at the next one
+        return None
+
+    async def read(self, offset: int, max_bytes: int, cache: RemoteCache) -> bytes:
+        """Whole committed batches from the one containing `offset`: at least one batch,
+        then more while they fit in max_bytes."""
+        if offset >= self.high_watermark or offset < self.log_start_offset:
+            return b""
+        seg = self.local_segment_for(offset)
+        if seg is not None:
+            data = seg.read(offset, max_bytes)
+        else:
+            entry = self.sealed_segment_for(offset)
+            if entry is None:
+                return b""
+            data = await read_sealed(cache, entry, offset, max_bytes)
+        return trim_batches(data, offset, self.high_watermark)
+
+    async def offset_for_timestamp(self, ts: int, cache: RemoteCache) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first committed record with timestamp >= ts."""
+        for entry in self.sealed:
+            if entry.max_timestamp >= ts and entry.last_offset >= self.log_start_offset:
+                idx = TimeIndex.from_bytes(entry.base_offset,
+                                           await cache.get_small(entry.key_base + layout.TIMEINDEX))
+                start = max(idx.lookup(ts), self.log_start_offset, entry.base_offset)
+                found = await self._first_at_or_after(start, ts, cache, entry.last_offset + 1)
+                if found is not None:
+                    return found
+        for seg in (*self.rolled, self.active):
+            if seg is None or seg.size == 0 or seg.max_timestamp < ts:
+                continue
+            start = seg.offset_for_timestamp(ts)
+            if start is not None:
+                found = await self._first_at_or_after(max(start, self.log_start_offset), ts, cache,
+                                                      self.high_watermark)
+                if found is not None:
+                    return found
+        return None
+
+    async def _first_at_or_after(self, offset: int, ts: int, cache: RemoteCache,
+                                 end: int) -> tuple[int, int] | None:
+        while offset < min(end, self.high_watermark):
+            data = await self.read(offset, 1024 * 1024, cache)
+            if not data:
+                return None
+            batches, _ = scan_batches(data)
+            for pos, h in batches:
+                if h.max_timestamp >= ts:
+                    for rec in decode_records(memoryview(data)[pos:pos + h.size]):
+                        if rec.offset >= offset and rec.timestamp >= ts:
+                            return rec.offset, rec.timestamp
+                offset = h.last_offset + 1
+        return None
+
+    async def max_timestamp_offset(self, cache: RemoteCache) -> tuple[int, int] | None:
+        """(offset, timestamp) of the record with the largest timestamp (ListOffsets -3)."""
+        best: tuple[int, int] | None = None  # (timestamp, -offset)
+        offset = self.log_start_offset
+        while offset < self.high_watermark:
+            data = await self.read(offset, 4 * 1024 * 1024, cache)
+            if not data:
+                break
+            batches, _ = scan_batches(data)
+            for pos, h in batches:
+                if best is None or h.max_timestamp > best[0]:
+                    for rec in decode_records(memoryview(data)[pos:pos + h.size]):
+                        if rec.timestamp == h.max_timestamp:
+                            best = (rec.timestamp, -rec.offset)
+                            break
+                offset = h.last_offset + 1
+        return None if best is None else (-best[1], best[0])
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """(largest epoch <= epoch, the offset where the next epoch starts) as Kafka defines it."""
+        if not self.epochs or epoch < self.epochs[0][0]:
+            return -1, -1
+        if epoch >= self.epochs[-1][0]:
+            return self.epochs[-1][0], self.next_offset
+        for i, (e, _) in enumerate(self.epochs):
+            if e > epoch:
+                return self.epochs[i - 1][0], self.epochs[i][1]
+        return self.epochs[-1][0], self.next_offset
+
+    def close(self) -> None:
+        for seg in (*self.rolled, self.active):
+            if seg is not None:
+                seg.close()
+
+
+def trim_batches(data: bytes, offset: int, high_watermark: int) -> bytes:
+    """Drop whole batches that end before `offset` or start at or after the HW."""
+    if not data:
+        return b""
+    batches, valid = scan_batches(data)
+    start = end = None
+    for pos, h in batches:
+        if h.last_offset < offset:
+            continue
+        if h.base_offset >= high_watermark:
+            break
+        if start is None:
+            start = pos
+        end = pos + h.size
+    if start is None:
+        return b""
+    return bytes(memoryview(data)[start:end])
+
+
+async def read_sealed(cache: RemoteCache, entry: SegmentEntry, offset: int, max_bytes: int) -> bytes:
+    """Bytes of a sealed segment from the batch holding `offset`, through the `.index` sidecar."""
+    index = OffsetIndex.from_bytes(entry.base_offset, await cache.get_small(entry.key_base + layout.INDEX))
+    _, position = index.lookup(offset)
+    key = entry.key_base + layout.LOG
+    end = min(entry.size, position + max(max_bytes, HEADER_SIZE))
+    data = await cache.read(key, position, end)
+    # The index is sparse: skip whole batches before the one holding `offset`, and make
+    # sure that batch is read whole even when it is larger than max_bytes.
+    while True:
+        batches, valid = scan_batches(data)
+        first = next(((pos, h) for pos, h in batches if h.last_offset >= offset), None)
+        if first is not None:
+            pos, h = first
+            if pos > 0:
+                data = data[pos:]
+                position += pos
+            if len(data) >= h.size or position + len(data) >= entry.size:
+                return data
+            end = min(entry.size, position + h.size)
+            data = await cache.read(key, position, end)
+            return data
+        if valid == 0 and len(data) >= HEADER_SIZE:
+            h = BatchHeader.parse(data, 0)
+            data = await cache.read(key, position, min(entry.size, position + h.size))
+            continue
+        if position + valid >= entry.size or valid == 0:
+            return b""
+        position += valid
+        data = await cache.read(key, position, min(entry.size, position + max(max_bytes, HEADER_SIZE)))

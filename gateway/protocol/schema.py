@@ -1,0 +1,296 @@
+"""One declarative description per message, covering all its versions.
+
+A message is a tree of `Field`s (generated into `catalog.py` from Kafka's message
+specs). For a given version the tree compiles once into a plan of reader and writer
+steps; flexible versions (compact lengths, tagged fields) are a property of the plan,
+so no handler ever sees them.
+
+Decoded messages are `Message` objects whose attributes are the snake_case field
+names; a field absent from a version decodes to its default. Encoding reads the same
+attributes from a `Message`, a dict or any object, falling back to the default, so a
+handler only sets what it means.
+"""
+
+from __future__ import annotations
+
+import uuid as _uuid
+from dataclasses import dataclass
+from functools import lru_cache
+from types import SimpleNamespace
+from typing import Any, Callable
+
+from .wire import DecodeError, Reader, Writer
+
+MAX_VERSION = 0x7FFF
+
+
+class Message(SimpleNamespace):
+    """A decoded (or to-be-encoded) message or struct: attribute per field."""
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return getattr(self, name, default)
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    name: str
+    type: str  # a primitive, "struct", or "[]" + primitive / "struct"
+    vmin: int
+    vmax: int = MAX_VERSION
+    nullable: tuple[int, int] | None = None
+    tag: int | None = None
+    tagged: tuple[int, int] | None = None
+    default: Any = None
+    fields: tuple["Field", ...] | None = None
+    never_flexible: bool = False  # field-level "flexibleVersions": "none"
+
+    def present(self, version: int) -> bool:
+        return self.vmin <= version <= self.vmax
+
+    def is_nullable(self, version: int) -> bool:
+        return self.nullable is not None and self.nullable[0] <= version <= self.nullable[1]
+
+    def is_tagged(self, version: int) -> bool:
+        return self.tagged is not None and self.tagged[0] <= version <= self.tagged[1]
+
+    def default_value(self) -> Any:
+        if self.type.startswith("[]"):
+            return None if self.default == "null" else []
+        if self.type == "struct":
+            return None if self.default == "null" else _default_struct(self.fields or ())
+        return self.default
+
+
+class Schema:
+    """A request or response body (or a header): its fields and the versions it spans."""
+
+    __slots__ = ("name", "vmin", "vmax", "flexible_from", "fields", "_decoders", "_encoders")
+
+    def __init__(self, name: str, vmin: int, vmax: int, flexible_from: int | None,
+                 fields: tuple[Field, ...]):
+        self.name = name
+        self.vmin = vmin
+        self.vmax = vmax
+        self.flexible_from = flexible_from  # None: never flexible
+        self.fields = fields
+        # Plans are compiled once per version; hashing the field tree on every call
+        # would cost more than decoding.
+        self._decoders: dict[int, Decoder] = {}
+        self._encoders: dict[int, Encoder] = {}
+
+    def __repr__(self) -> str:
+        return f"Schema({self.name} v{self.vmin}-{self.vmax})"
+
+    def flexible(self, version: int) -> bool:
+        return self.flexible_from is not None and version >= self.flexible_from
+
+    def decode(self, reader: Reader, version: int) -> Message:
+        dec = self._decoders.get(version)
+        if dec is None:
+            dec = self._decoders[version] = _struct_decoder(
+                self.fields, version, self.flexible(version))
+        return dec(reader)
+
+    def encode(self, writer: Writer, msg: Any, version: int) -> None:
+        enc = self._encoders.get(version)
+        if enc is None:
+            enc = self._encoders[version] = _struct_encoder(
+                self.fields, version, self.flexible(version))
+        enc(writer, msg)
+
+    def to_bytes(self, msg: Any, version: int) -> bytes:
+        w = Writer()
+        self.encode(w, msg, version)
+        return w.getvalue()
+
+    def from_bytes(self, data: bytes, version: int) -> Message:
+        r = Reader(data)
+        msg = self.decode(r, version)
+        if r.remaining():
+            raise DecodeError(f"{self.name} v{version}: {r.remaining()} trailing bytes")
+        return msg
+
+
+def _default_struct(fields: tuple[Field, ...]) -> Message:
+    return Message(**{f.name: f.default_value() for f in fields})
+
+
+def _value(obj: Any, f: Field) -> Any:
+    if isinstance(obj, dict):
+        v = obj.get(f.name, _MISSING)
+    else:
+        v = getattr(obj, f.name, _MISSING)
+    return f.default_value() if v is _MISSING else v
+
+
+_MISSING = object()
+
+# ---- primitive readers and writers, by (type, compact) ------------------------------
+
+Decoder = Callable[[Reader], Any]
+Encoder = Callable[[Writer, Any], None]
+
+
+def _prim_decoder(t: str, compact: bool, nullable: bool) -> Decoder:
+    if t in ("int8", "int16", "uint16", "int32", "uint32", "int64", "float64", "bool", "uuid"):
+        return getattr(Reader, t)
+    if t == "string":
+        m = Reader.compact_string if compact else Reader.string
+        return lambda r: m(r, nullable)
+    if t == "bytes":
+        m = Reader.compact_bytes if compact else Reader.bytes
+        return lambda r: m(r, nullable)
+    if t == "records":
+        return lambda r: r.records(compact)
+    raise ValueError(f"unknown type {t}")
+
+
+def _as_uuid(v: Any) -> Any:
+    if isinstance(v, str):
+        return _uuid.UUID(v)
+    return v
+
+
+def _prim_encoder(t: str, compact: bool) -> Encoder:
+    if t in ("int8", "int16", "uint16", "int32", "uint32", "int64", "float64", "bool"):
+        m = getattr(Writer, t)
+        return lambda w, v: m(w, v or 0)
+    if t == "uuid":
+        return lambda w, v: w.uuid(_as_uuid(v))
+    if t == "string":
+        return Writer.compact_string if compact else Writer.string
+    if t in ("bytes", "records"):
+        return Writer.compact_bytes if compact else Writer.bytes
+    raise ValueError(f"unknown type {t}")
+
+
+def _field_decoder(f: Field, version: int, flexible: bool) -> Decoder:
+    compact = flexible and not f.never_flexible
+    nullable = f.is_nullable(version)
+    if f.type == "struct":
+        inner = _struct_decoder(f.fields, version, flexible)
+        if not nullable:
+            return inner
+        return lambda r: None if r.int8() < 0 else inner(r)
+    if f.type.startswith("[]"):
+        elem_t = f.type[2:]
+        elem = (
+            _struct_decoder(f.fields, version, flexible)
+            if elem_t == "struct"
+            else _prim_decoder(elem_t, compact, False)
+        )
+
+        def read_array(r: Reader) -> list | None:
+            n = r.array_length(compact, nullable)
+            if n is None:
+                return None
+            return [elem(r) for _ in range(n)]
+
+        return read_array
+    return _prim_decoder(f.type, compact, nullable)
+
+
+def _field_encoder(f: Field, version: int, flexible: bool) -> Encoder:
+    compact = flexible and not f.never_flexible
+    if f.type == "struct":
+        inner = _struct_encoder(f.fields, version, flexible)
+        if not f.is_nullable(version):
+            return lambda w, v: inner(w, v if v is not None else _default_struct(f.fields))
+
+        def write_nullable(w: Writer, v: Any) -> None:
+            if v is None:
+                w.int8(-1)
+            else:
+                w.int8(1)
+                inner(w, v)
+
+        return write_nullable
+    if f.type.startswith("[]"):
+        elem_t = f.type[2:]
+        elem = (
+            _struct_encoder(f.fields, version, flexible)
+            if elem_t == "struct"
+            else _prim_encoder(elem_t, compact)
+        )
+
+        def write_array(w: Writer, v: Any) -> None:
+            if v is None:
+                w.array_length(None, compact)
+                return
+            w.array_length(len(v), compact)
+            for item in v:
+                elem(w, item)
+
+        return write_array
+    return _prim_encoder(f.type, compact)
+
+
+@lru_cache(maxsize=None)
+def _struct_decoder(fields: tuple[Field, ...], version: int, flexible: bool) -> Decoder:
+    plain: list[tuple[str, Decoder]] = []
+    tagged: dict[int, tuple[str, Decoder]] = {}
+    absent: list[Field] = []
+    for f in fields:
+        if flexible and f.is_tagged(version):
+            tagged[f.tag] = (f.name, _field_decoder(f, version, flexible))
+            absent.append(f)
+        elif f.present(version) and f.tag is None:
+            plain.append((f.name, _field_decoder(f, version, flexible)))
+        else:
+            absent.append(f)
+
+    def decode(r: Reader) -> Message:
+        msg = Message()
+        d = msg.__dict__
+        for f in absent:
+            d[f.name] = f.default_value()
+        for name, dec in plain:
+            d[name] = dec(r)
+        if flexible:
+            for _ in range(r.uvarint()):
+                tag = r.uvarint()
+                size = r.uvarint()
+                if size > r.remaining():
+                    raise DecodeError(f"tagged field {tag} of {size} bytes overruns the buffer")
+                known = tagged.get(tag)
+                if known is None:
+                    r.pos += size  # unknown tags are skipped, as the protocol requires
+                    continue
+                sub = Reader(r.buf, r.pos, r.pos + size)
+                d[known[0]] = known[1](sub)
+                r.pos += size
+        return msg
+
+    return decode
+
+
+@lru_cache(maxsize=None)
+def _struct_encoder(fields: tuple[Field, ...], version: int, flexible: bool) -> Encoder:
+    plain: list[tuple[Field, Encoder]] = []
+    tagged: list[tuple[Field, Encoder]] = []
+    for f in fields:
+        if flexible and f.is_tagged(version):
+            tagged.append((f, _field_encoder(f, version, flexible)))
+        elif f.present(version) and f.tag is None:
+            plain.append((f, _field_encoder(f, version, flexible)))
+    tagged.sort(key=lambda fe: fe[0].tag)
+
+    def encode(w: Writer, obj: Any) -> None:
+        for f, enc in plain:
+            enc(w, _value(obj, f))
+        if not flexible:
+            return
+        present = []
+        for f, enc in tagged:
+            v = _value(obj, f)
+            if v != f.default_value():
+                sub = Writer()
+                enc(sub, v)
+                present.append((f.tag, sub.buf))
+        w.uvarint(len(present))
+        for tag, data in present:
+            w.uvarint(tag)
+            w.uvarint(len(data))
+            w.raw(data)
+
+    return encode

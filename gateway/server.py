@@ -1,0 +1,150 @@
+"""The only module that touches sockets: frames in, handlers, frames out.
+
+Per connection, requests are handled one at a time in arrival order (so two produce
+requests to one partition append in the order they were sent), but a handler may return
+a `Deferred` — the part of its work that only waits (a WAL commit for `acks=all`, a fetch
+long poll) — and the next request is read while it waits. Responses are written strictly
+in request order, as the protocol requires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+from typing import Any, Awaitable
+
+from .handlers import load_handlers
+from .handlers.registry import HANDLERS, RequestContext, supported_versions
+from .protocol.frames import UnknownApi, decode_request, encode_response
+from .protocol.wire import DecodeError
+
+log = logging.getLogger(__name__)
+
+MAX_IN_FLIGHT = 64  # responses a connection may have pending before we stop reading
+
+
+class Deferred:
+    """A response that is ready once `awaitable` completes; see the module docstring."""
+
+    __slots__ = ("awaitable",)
+
+    def __init__(self, awaitable: Awaitable[Any]):
+        self.awaitable = awaitable
+
+
+NO_RESPONSE = object()  # acks=0 produce: the protocol sends nothing back
+
+
+class GatewayServer:
+    def __init__(self, broker, host: str, port: int, *, max_request_bytes: int, metrics=None):
+        load_handlers()
+        self.broker = broker
+        self.host = host
+        self.port = port
+        self.max_request_bytes = max_request_bytes
+        self.metrics = metrics
+        self._server: asyncio.AbstractServer | None = None
+        self._connections: set[asyncio.Task] = set()
+        self._supported = supported_versions()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._accept, self.host, self.port,
+                                                  limit=1 << 20, reuse_address=True)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._connections.add(task)
+        peer = writer.get_extra_info("peername")
+        peer_s = f"{peer[0]}:{peer[1]}" if peer else "?"
+        try:
+            await self._serve(reader, writer, peer_s)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        except asyncio.CancelledError:
+            pass
+        except Exception:  # noqa: BLE001 - one broken connection must not take the gateway down
+            log.exception("connection %s failed", peer_s)
+        finally:
+            self._connections.discard(task)
+            writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> None:
+        responses: asyncio.Queue = asyncio.Queue(MAX_IN_FLIGHT)
+        write_task = asyncio.create_task(self._write_responses(responses, writer, peer))
+        try:
+            while not write_task.done():
+                head = await reader.readexactly(4)
+                (size,) = struct.unpack(">i", head)
+                if size < 8 or size > self.max_request_bytes:
+                    log.warning("%s: closing, request frame of %d bytes (limit %d)",
+                                peer, size, self.max_request_bytes)
+                    return
+                frame = await reader.readexactly(size)
+                item = await self._handle(frame, peer)
+                if item is None:
+                    return  # garbage: close the connection
+                await responses.put(item)
+        finally:
+            await responses.put(None)
+            try:
+                await write_task
+            except Exception:  # noqa: BLE001
+                pass
+
+    async def _handle(self, frame: bytes, peer: str):
+        started = time.perf_counter()
+        try:
+            req = decode_request(frame, self._supported)
+        except UnknownApi as e:
+            log.warning("%s: closing, %s", peer, e)
+            return None
+        except DecodeError as e:
+            log.warning("%s: closing, malformed request: %s", peer, e)
+            return None
+        handler = HANDLERS[req.api_key]
+        ctx = RequestContext(self.broker, req.api_key, req.api_version, req.client_id, peer)
+        try:
+            result = await handler.fn(ctx, req.body)
+        except Exception:  # noqa: BLE001
+            log.exception("%s: %s v%d handler failed", peer, req.api_name, req.api_version)
+            return None
+        return (req, ctx, result, started)
+
+    async def _write_responses(self, responses: asyncio.Queue, writer: asyncio.StreamWriter,
+                               peer: str) -> None:
+        while True:
+            item = await responses.get()
+            if item is None:
+                return
+            req, ctx, result, started = item
+            if isinstance(result, Deferred):
+                try:
+                    result = await result.awaitable
+                except Exception:  # noqa: BLE001
+                    log.exception("%s: %s v%d failed", peer, req.api_name, req.api_version)
+                    writer.close()
+                    return
+            if result is NO_RESPONSE:
+                continue
+            try:
+                data = encode_response(req.api_key, ctx.version, req.correlation_id, result)
+            except Exception:  # noqa: BLE001
+                log.exception("%s: cannot encode %s v%d response", peer, req.api_name, req.api_version)
+                writer.close()
+                return
+            writer.write(data)
+            if self.metrics is not None:
+                self.metrics.observe_request(req.api_name, time.perf_counter() - started)
+            await writer.drain()

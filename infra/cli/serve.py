@@ -1,0 +1,92 @@
+"""`stratalog serve`: run one gateway (embedded coordinator and file store by default)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+
+def _setting(value: str) -> tuple[str, str]:
+    key, sep, val = value.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {value!r}")
+    return key.strip(), val.strip()
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("serve", help="run a gateway",
+                              description="Run a Stratalog gateway. With no flags: one gateway on "
+                                          "127.0.0.1:9092 with the embedded coordinator and a file "
+                                          "object store under ./stratalog-data.")
+    p.add_argument("--listen", default="127.0.0.1:9092", metavar="HOST:PORT",
+                   help="address to accept Kafka clients on (default 127.0.0.1:9092; port 0 picks one)")
+    p.add_argument("--advertised", metavar="HOST:PORT",
+                   help="address clients are told to connect to (default: the listener)")
+    p.add_argument("--data-dir", default="stratalog-data", type=Path, metavar="DIR",
+                   help="local state: active segments, cache, embedded coordinator (default ./stratalog-data)")
+    p.add_argument("--config", type=Path, metavar="FILE", help="TOML file of settings")
+    p.add_argument("--coordinator", metavar="URL",
+                   help="etcd://HOST:PORT[,HOST:PORT] (default: embedded, under the data directory)")
+    p.add_argument("--object-store", metavar="URL",
+                   help="s3://BUCKET/PREFIX or file:///PATH (default: file store under the data directory)")
+    p.add_argument("--broker-id", type=int, metavar="N", help="node id (default: assigned)")
+    p.add_argument("--rack", help="this gateway's rack or zone, for follower fetching")
+    p.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint (default: the AWS configuration)")
+    p.add_argument("--s3-region", metavar="REGION", help="S3 region (default: the AWS configuration)")
+    p.add_argument("--s3-path-style", action="store_true", help="address buckets by path, not by host")
+    p.add_argument("--set", dest="settings", action="append", default=[], type=_setting,
+                   metavar="KEY=VALUE", help="any setting, e.g. --set wal.flush.ms=50 (repeatable)")
+    p.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from gateway.app import GatewayOptions, StartupError, serve_forever
+    from gateway.config import BrokerConfig, ConfigError, load_settings
+
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = load_settings(args.config, flags=dict(args.settings))
+        BrokerConfig(settings)  # fail here, in one line, on a bad value
+    except ConfigError as e:
+        print(f"stratalog: error: {e}", file=sys.stderr)
+        return 2
+    store_options = {}
+    if args.s3_endpoint:
+        store_options["endpoint_url"] = args.s3_endpoint
+    if args.s3_region:
+        store_options["region"] = args.s3_region
+    if args.s3_path_style:
+        store_options["path_style"] = True
+    options = GatewayOptions(listen=args.listen, advertised=args.advertised, data_dir=args.data_dir,
+                             coordinator=args.coordinator, object_store=args.object_store,
+                             broker_id=args.broker_id, settings=settings,
+                             store_options=store_options, rack=args.rack)
+    try:
+        import uvloop
+        runner = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+
+    async def main() -> None:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        await serve_forever(options, ready=lambda line: print(line, flush=True))
+
+    try:
+        runner(main())
+    except asyncio.CancelledError:
+        return 0
+    except StartupError as e:
+        print(f"stratalog: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0

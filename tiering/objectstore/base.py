@@ -1,0 +1,74 @@
+"""The object-store boundary: whole-object puts, ranged gets, listing and deletes.
+
+Backends are chosen by URL scheme (`open_store`): `file:///path` and `s3://bucket/prefix`.
+Keys are relative to the store's root or prefix and use `/` separators.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class ObjectNotFound(KeyError):
+    """The key does not exist in the store."""
+
+
+class ObjectStoreError(IOError):
+    """The store failed (after retries, where the backend retries)."""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+
+
+class ObjectStore(Protocol):
+    url: str
+
+    async def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
+        """Write a whole object; visible to readers only once complete."""
+
+    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        """Bytes [start, end) of an object (end None: to its end); ObjectNotFound if absent."""
+
+    async def size(self, key: str) -> int:
+        """The object's size in bytes; ObjectNotFound if absent."""
+
+    async def list(self, prefix: str) -> list[ObjectInfo]:
+        """Every object whose key starts with prefix, sorted by key."""
+
+    async def delete(self, keys: list[str]) -> None:
+        """Delete objects; keys that do not exist are ignored."""
+
+    async def close(self) -> None:
+        """Release connections."""
+
+
+def check_key(key: str) -> str:
+    """Reject keys that are not plain relative `/`-separated paths; return the key.
+
+    Every backend applies the same rule so a key valid on one is valid on all."""
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"object key must be a non-empty string, got {key!r}")
+    if key.startswith("/") or "\\" in key or "\x00" in key:
+        raise ValueError(f"object key must be relative, with / separators: {key!r}")
+    for part in key.split("/"):
+        if part in ("", ".", ".."):
+            raise ValueError(f"object key has an empty, '.' or '..' segment: {key!r}")
+    return key
+
+
+def check_range(start: int, end: int | None) -> None:
+    """Reject a byte range [start, end) that cannot be read."""
+    if start < 0 or (end is not None and end < start):
+        raise ValueError(f"bad byte range [{start}, {end})")
+
+
+def new_stats() -> dict[str, int]:
+    """Request counters every backend keeps in its `stats` attribute.
+
+    put/get/head/list/delete count requests sent (retries included); bytes_out is what
+    was uploaded, bytes_in what was downloaded; errors counts failed requests."""
+    return dict.fromkeys(("put", "get", "head", "list", "delete", "bytes_in", "bytes_out", "errors", "retries"), 0)
