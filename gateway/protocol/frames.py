@@ -69,10 +69,11 @@ def decode_request(frame: bytes | memoryview, supported: dict[int, tuple[int, in
     span = supported.get(api_key)
     if span is None or api_key not in APIS:
         raise UnknownApi(api_key, api_version, correlation_id)
-    in_range = span[0] <= api_version <= span[1]
+    schema = request_schema(api_key)
+    # The schema bounds the range too: a version it does not describe has no layout.
+    in_range = max(span[0], schema.vmin) <= api_version <= min(span[1], schema.vmax)
     if not in_range and api_key != API_VERSIONS_KEY:
         raise UnknownApi(api_key, api_version, correlation_id)
-    schema = request_schema(api_key)
     flexible = schema.flexible(api_version) if in_range else False
     reader = Reader(frame)
     header = REQUEST_HEADER.decode(reader, 2 if flexible else 1)

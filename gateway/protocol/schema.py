@@ -192,6 +192,7 @@ def _field_decoder(f: Field, version: int, flexible: bool) -> Decoder:
 
 def _field_encoder(f: Field, version: int, flexible: bool) -> Encoder:
     compact = flexible and not f.never_flexible
+    nullable = f.is_nullable(version)
     if f.type == "struct":
         inner = _struct_encoder(f.fields, version, flexible)
         if not f.is_nullable(version):
@@ -210,19 +211,34 @@ def _field_encoder(f: Field, version: int, flexible: bool) -> Encoder:
         elem = (
             _struct_encoder(f.fields, version, flexible)
             if elem_t == "struct"
-            else _prim_encoder(elem_t, compact)
+            else _non_null_encoder(elem_t, compact, None)
         )
 
         def write_array(w: Writer, v: Any) -> None:
             if v is None:
-                w.array_length(None, compact)
-                return
+                if nullable:
+                    w.array_length(None, compact)
+                    return
+                v = ()  # null is not on the wire at this version: the empty array is
             w.array_length(len(v), compact)
             for item in v:
                 elem(w, item)
 
         return write_array
-    return _prim_encoder(f.type, compact)
+    if nullable:
+        return _prim_encoder(f.type, compact)
+    return _non_null_encoder(f.type, compact, f.default)
+
+
+def _non_null_encoder(t: str, compact: bool, default: Any) -> Encoder:
+    """A string or bytes that may not be null here: None stands for the default, as a
+    missing attribute does, because a null on the wire would be undecodable by the peer."""
+    enc = _prim_encoder(t, compact)
+    if t not in ("string", "bytes"):
+        return enc
+    if default is None:
+        default = "" if t == "string" else b""
+    return lambda w, v: enc(w, default if v is None else v)
 
 
 @lru_cache(maxsize=None)

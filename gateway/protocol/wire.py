@@ -77,9 +77,10 @@ class Reader:
         shift = 0
         value = 0
         while True:
-            if shift > 63:
-                raise DecodeError("varint longer than 10 bytes")
             b = self.buf[self._take(1)]
+            if shift == 63 and b > 1:
+                # The tenth byte may only carry bit 63; anything more is not a 64-bit value.
+                raise DecodeError("varint overflows 64 bits")
             value |= (b & 0x7F) << shift
             if not b & 0x80:
                 return value
@@ -178,8 +179,11 @@ class Writer:
     def uuid(self, v: uuid.UUID | bytes | None) -> None:
         if v is None:
             self.buf += bytes(16)
-        else:
-            self.buf += v.bytes if isinstance(v, uuid.UUID) else bytes(v)
+            return
+        b = v.bytes if isinstance(v, uuid.UUID) else bytes(v)
+        if len(b) != 16:
+            raise ValueError(f"a UUID is 16 bytes, not {len(b)}")
+        self.buf += b
 
     def uvarint(self, v: int) -> None:
         self.buf += encode_uvarint(v)

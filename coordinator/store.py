@@ -1,0 +1,824 @@
+"""`KVClusterStore`: the cluster model of `coordinator.model` over any `KV` backend.
+
+Keys live under `/stratalog/<cluster>/` as model.py lists them, values are compact JSON
+(UUIDs as strings, names percent-quoted inside keys). Three keys are added to that list:
+
+    partitions/<topic_id>/<p>/epoch   -> leader epoch as a decimal integer
+    fence_generation                  -> rewritten whenever any leader epoch changes
+    index_deletions                   -> rewritten by every transaction that deletes
+                                         topic, log, segment or WAL keys
+
+The epoch key exists so a commit can be fenced by a value compare: ISR-only changes rewrite
+`partitions/<topic_id>/<p>` without touching it, so they never fence a leader.
+
+A WAL object that fits one transaction is one key, `wal/<gw>/<seq:020>`, written with one
+compare per partition on its epoch key. A larger one is written as part keys
+`wal/<gw>/<seq:020>/<i:06>` (each with the compares of its own partitions) and then the
+header key, which alone makes it visible; every one of these transactions also requires
+`fence_generation` to be unchanged since before the first, so no epoch anywhere moved
+in between and the per-part compares stayed true until the header landed.
+
+Reads of log state (log start, high watermark, WAL ranges, segments, WAL objects) come from
+an in-memory index refreshed with one `snapshot` per call: only keys modified since the
+index's revision travel, and a changed `index_deletions` makes it reload in full (deletions
+leave nothing behind to be seen by a modified-since read). The high watermark is derived:
+one past the largest last offset over the partition's WAL ranges and segments, never below
+the log start offset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+from urllib.parse import quote, unquote
+
+from coordinator.kv import (
+    KV, CoordinatorError, CoordinatorUnavailable, Delete, DeletePrefix, Op, Put,
+    RequestTooLarge, absent, exists, mod_is, request_bytes, value_is)
+from coordinator.model import (
+    CommittedOffset, Fenced, LogState, PartitionState, SegmentEntry, TopicExists, TopicInfo,
+    UnknownTopic, WalObject, WalRange)
+
+TP = tuple[uuid.UUID, int]
+
+# Share of the backend's request limit one of our transactions may fill; the rest covers
+# what our size estimate does not see (protobuf framing, raft envelope).
+_REQUEST_BUDGET = 0.85
+# A large WAL commit retries this often when unrelated leadership changes interrupt it.
+_SPLIT_COMMIT_ATTEMPTS = 8
+# What decoding a malformed stored value can raise.
+_BAD = (KeyError, TypeError, ValueError, AttributeError)
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _loads(key: str, value: bytes) -> Any:
+    try:
+        return json.loads(value)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CoordinatorError(f"corrupt coordinator value at {key}: {e}") from None
+
+
+def _q(name: str) -> str:
+    return quote(name, safe="")
+
+
+# --- JSON codecs ------------------------------------------------------------------------
+
+def _topic_json(t: TopicInfo) -> bytes:
+    return _dumps({"name": t.name, "topic_id": str(t.topic_id), "partitions": t.partitions,
+                   "replication_factor": t.replication_factor, "configs": t.configs})
+
+
+def _topic(key: str, value: bytes) -> TopicInfo:
+    d = _loads(key, value)
+    try:
+        return TopicInfo(d["name"], uuid.UUID(d["topic_id"]), int(d["partitions"]),
+                         int(d["replication_factor"]), dict(d["configs"]))
+    except _BAD as e:
+        raise CoordinatorError(f"corrupt topic at {key}: {e!r}") from None
+
+
+def _state_json(s: PartitionState) -> bytes:
+    return _dumps({"leader": s.leader, "leader_epoch": s.leader_epoch,
+                   "replicas": list(s.replicas), "isr": list(s.isr)})
+
+
+def _state(key: str, value: bytes) -> PartitionState:
+    d = _loads(key, value)
+    try:
+        return PartitionState(int(d["leader"]), int(d["leader_epoch"]),
+                              tuple(int(x) for x in d["replicas"]),
+                              tuple(int(x) for x in d["isr"]))
+    except _BAD as e:
+        raise CoordinatorError(f"corrupt partition state at {key}: {e!r}") from None
+
+
+def _range_dict(r: WalRange) -> dict:
+    return {"topic_id": str(r.topic_id), "partition": r.partition,
+            "base_offset": r.base_offset, "last_offset": r.last_offset,
+            "position": r.position, "length": r.length, "max_timestamp": r.max_timestamp}
+
+
+def _ranges(key: str, items: Any) -> list[WalRange]:
+    try:
+        return [WalRange(uuid.UUID(d["topic_id"]), int(d["partition"]), int(d["base_offset"]),
+                         int(d["last_offset"]), int(d["position"]), int(d["length"]),
+                         int(d["max_timestamp"])) for d in items]
+    except _BAD as e:
+        raise CoordinatorError(f"corrupt WAL ranges at {key}: {e!r}") from None
+
+
+def _segment_json(s: SegmentEntry) -> bytes:
+    return _dumps({"base_offset": s.base_offset, "last_offset": s.last_offset,
+                   "key_base": s.key_base, "size": s.size, "min_timestamp": s.min_timestamp,
+                   "max_timestamp": s.max_timestamp, "leader_epoch": s.leader_epoch,
+                   "producers": s.producers})
+
+
+def _segment(key: str, value: bytes) -> SegmentEntry:
+    d = _loads(key, value)
+    try:
+        return SegmentEntry(int(d["base_offset"]), int(d["last_offset"]), str(d["key_base"]),
+                            int(d["size"]), int(d["min_timestamp"]), int(d["max_timestamp"]),
+                            int(d["leader_epoch"]), dict(d.get("producers") or {}))
+    except _BAD as e:
+        raise CoordinatorError(f"corrupt segment entry at {key}: {e!r}") from None
+
+
+def _offset_json(o: CommittedOffset) -> bytes:
+    return _dumps({"offset": o.offset, "leader_epoch": o.leader_epoch, "metadata": o.metadata,
+                   "commit_timestamp": o.commit_timestamp})
+
+
+def _offset(key: str, value: bytes) -> CommittedOffset:
+    d = _loads(key, value)
+    try:
+        return CommittedOffset(int(d["offset"]), int(d["leader_epoch"]), str(d["metadata"]),
+                               int(d["commit_timestamp"]))
+    except _BAD as e:
+        raise CoordinatorError(f"corrupt committed offset at {key}: {e!r}") from None
+
+
+def _int(key: str, value: bytes) -> int:
+    v = _loads(key, value)
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise CoordinatorError(f"corrupt coordinator value at {key}: expected an integer")
+    return v
+
+
+def _parse_tp(key: str, tid: str, p: str) -> TP:
+    try:
+        return uuid.UUID(tid), int(p)
+    except ValueError:
+        raise CoordinatorError(f"malformed coordinator key {key}") from None
+
+
+def _check_range(r: WalRange) -> None:
+    if r.partition < 0 or r.base_offset < 0 or r.last_offset < r.base_offset \
+            or r.position < 0 or r.length <= 0:
+        raise ValueError(f"invalid WAL range {r}")
+
+
+# --- the log index ----------------------------------------------------------------------
+
+@dataclass
+class _Index:
+    """What is known of topics and logs as of `revision` (0: nothing loaded yet)."""
+
+    revision: int = 0
+    topics: dict[uuid.UUID, TopicInfo] = field(default_factory=dict)
+    log_start: dict[TP, int] = field(default_factory=dict)
+    segments: dict[TP, dict[int, SegmentEntry]] = field(default_factory=dict)
+    wal_heads: dict[tuple[int, int], dict] = field(default_factory=dict)
+    wal_parts: dict[tuple[int, int], dict[int, list[WalRange]]] = field(default_factory=dict)
+    objects: dict[tuple[int, int], WalObject] = field(default_factory=dict)
+    by_tp: dict[TP, dict[tuple[int, int], tuple[str, list[WalRange]]]] = \
+        field(default_factory=dict)
+    max_last: dict[TP, int] = field(default_factory=dict)
+
+    def apply(self, rel: str, key: str, value: bytes, touched: set) -> None:
+        parts = rel.split("/")
+        kind = parts[0]
+        if kind == "topics" and len(parts) == 2:
+            t = _topic(key, value)
+            self.topics[t.topic_id] = t
+        elif kind == "logs" and len(parts) == 3:
+            d = _loads(key, value)
+            try:
+                self.log_start[_parse_tp(key, parts[1], parts[2])] = int(d["log_start_offset"])
+            except _BAD as e:
+                raise CoordinatorError(f"corrupt log state at {key}: {e!r}") from None
+        elif kind == "segments" and len(parts) == 4:
+            tp = _parse_tp(key, parts[1], parts[2])
+            s = _segment(key, value)
+            self.segments.setdefault(tp, {})[s.base_offset] = s
+            self._note_last(tp, s.last_offset)
+        elif kind == "wal" and len(parts) in (3, 4):
+            try:
+                ws = (int(parts[1]), int(parts[2]))
+                part = int(parts[3]) if len(parts) == 4 else None
+            except ValueError:
+                raise CoordinatorError(f"malformed coordinator key {key}") from None
+            d = _loads(key, value)
+            if not isinstance(d, dict):
+                raise CoordinatorError(f"corrupt WAL entry at {key}")
+            if len(parts) == 3:
+                self.wal_heads[ws] = d
+            else:
+                self.wal_parts.setdefault(ws, {})[part] = _ranges(key, d.get("ranges"))
+            touched.add(ws)
+
+    def _note_last(self, tp: TP, last: int) -> None:
+        if last > self.max_last.get(tp, -1):
+            self.max_last[tp] = last
+
+    def assemble(self, touched: set) -> None:
+        """Make WAL objects visible once their header (and every part it names) is known."""
+        for ws in touched:
+            head = self.wal_heads.get(ws)
+            if head is None:
+                continue
+            key = f"wal/{ws[0]}/{ws[1]:020d}"
+            ranges = _ranges(key, head.get("ranges") or [])
+            n = head.get("parts") or 0
+            if not isinstance(n, int) or not isinstance(head.get("key"), str):
+                raise CoordinatorError(f"corrupt WAL entry at {key}")
+            parts = self.wal_parts.get(ws, {})
+            if any(i not in parts for i in range(n)):
+                raise CoordinatorError(f"WAL entry {key} names {n} parts but some are missing")
+            for i in range(n):
+                ranges += parts[i]
+            obj = WalObject(ws[0], ws[1], str(head.get("key")), tuple(ranges))
+            self.objects[ws] = obj
+            grouped: dict[TP, list[WalRange]] = {}
+            for r in ranges:
+                grouped.setdefault((r.topic_id, r.partition), []).append(r)
+            for tp, rs in grouped.items():
+                self.by_tp.setdefault(tp, {})[ws] = (obj.key, rs)
+                self._note_last(tp, max(r.last_offset for r in rs))
+
+    def seg_last(self, tp: TP) -> int:
+        segs = self.segments.get(tp)
+        return max((s.last_offset for s in segs.values()), default=-1) if segs else -1
+
+    def log_state(self, tp: TP) -> LogState:
+        start = self.log_start.get(tp, 0)
+        last = self.max_last.get(tp)
+        return LogState(start, start if last is None else max(start, last + 1))
+
+
+@dataclass
+class _Chunk:
+    tps: list[TP] = field(default_factory=list)
+    ranges: list[dict] = field(default_factory=list)
+    size: int = 0
+
+
+class KVClusterStore:
+    """The `ClusterStore` of model.py over a `KV` (layout and fencing: module docstring)."""
+
+    def __init__(self, kv: KV, cluster: str = "default"):
+        if not cluster or "/" in cluster:
+            raise ValueError(f"bad cluster name {cluster!r}: non-empty, without '/'")
+        self.kv = kv
+        self.cluster = cluster
+        self.prefix = f"/stratalog/{cluster}/"
+        self._cluster_id: str | None = None
+        self._index = _Index()
+        self._sync_lock = asyncio.Lock()
+        self._sync_wanted = 0
+        self._sync_served = 0
+
+    # --- keys ----------------------------------------------------------------------------
+
+    def _k(self, rel: str) -> str:
+        return self.prefix + rel
+
+    def _topic_key(self, name: str) -> str:
+        return self._k(f"topics/{_q(name)}")
+
+    def _part_key(self, tid: uuid.UUID, p: int) -> str:
+        return self._k(f"partitions/{tid}/{p}")
+
+    def _epoch_key(self, tid: uuid.UUID, p: int) -> str:
+        return self._k(f"partitions/{tid}/{p}/epoch")
+
+    def _log_key(self, tid: uuid.UUID, p: int) -> str:
+        return self._k(f"logs/{tid}/{p}")
+
+    def _seg_key(self, tid: uuid.UUID, p: int, base: int) -> str:
+        return self._k(f"segments/{tid}/{p}/{base:020d}")
+
+    def _wal_key(self, gw: int, seq: int) -> str:
+        return self._k(f"wal/{gw}/{seq:020d}")
+
+    def _group_prefix(self, group: str) -> str:
+        return self._k(f"groups/{_q(group)}/")
+
+    def _offset_key(self, group: str, topic: str, p: int) -> str:
+        return f"{self._group_prefix(group)}offsets/{_q(topic)}/{p}"
+
+    @property
+    def _gen_key(self) -> str:
+        return self._k("fence_generation")
+
+    @property
+    def _deletions_key(self) -> str:
+        return self._k("index_deletions")
+
+    def _deletion_mark(self) -> Put:
+        return Put(self._deletions_key, b"1")
+
+    def _generation_bump(self) -> Put:
+        return Put(self._gen_key, b"1")
+
+    @property
+    def _budget(self) -> int:
+        return int(self.kv.max_request_bytes * _REQUEST_BUDGET)
+
+    async def _batched(self, ops: list[Op], extra: list[Op] = ()) -> None:
+        """Apply ops in as few unconditional transactions as the limits allow, each one
+        carrying `extra` too (e.g. the deletion mark)."""
+        extra = list(extra)
+        room = self.kv.max_txn_ops - len(extra)
+        batch: list[Op] = []
+        for op in ops:
+            if batch and (len(batch) >= room
+                          or request_bytes([], batch + [op] + extra) > self._budget):
+                await self.kv.txn([], batch + extra)
+                batch = []
+            batch.append(op)
+        if batch:
+            await self.kv.txn([], batch + extra)
+
+    async def close(self) -> None:
+        await self.kv.close()
+
+    # --- cluster -------------------------------------------------------------------------
+
+    async def cluster_id(self) -> str:
+        if self._cluster_id is None:
+            key = self._k("cluster_id")
+            while True:
+                got = await self.kv.get(key)
+                if got is not None:
+                    cid = _loads(key, got[0])
+                    if not isinstance(cid, str):
+                        raise CoordinatorError(f"corrupt coordinator value at {key}")
+                    self._cluster_id = cid
+                    break
+                await self.kv.txn([absent(key)], [Put(key, _dumps(str(uuid.uuid4())))])
+        return self._cluster_id
+
+    async def register_broker(self, broker_id: int, host: str, port: int, rack: str | None,
+                              lease: int) -> None:
+        """Announce a live broker under a lease (it disappears when the lease ends)."""
+        await self.kv.put(self._k(f"brokers/{broker_id}"),
+                          _dumps({"host": host, "port": port, "rack": rack}), lease)
+
+    async def brokers(self) -> dict[int, dict]:
+        """Live brokers by id: {"host", "port", "rack"}."""
+        out = {}
+        for key, value, _ in await self.kv.range(self._k("brokers/")):
+            out[int(key.rsplit("/", 1)[1])] = _loads(key, value)
+        return out
+
+    async def claim_controller(self, broker_id: int, lease: int) -> int:
+        """Become controller if nobody is; returns the controller's broker id."""
+        key = self._k("controller")
+        await self.kv.txn([absent(key)], [Put(key, _dumps(broker_id), lease)])
+        got = await self.kv.get(key)
+        return _int(key, got[0]) if got else -1
+
+    # --- topics --------------------------------------------------------------------------
+
+    def _partition_ops(self, tid: uuid.UUID, assignments: dict[int, PartitionState]
+                       ) -> list[Op]:
+        ops: list[Op] = []
+        for p in sorted(assignments):
+            s = assignments[p]
+            if s.leader_epoch < 0:
+                raise ValueError(f"partition {p}: leader epoch must be >= 0")
+            ops += [Put(self._part_key(tid, p), _state_json(s)),
+                    Put(self._epoch_key(tid, p), _dumps(s.leader_epoch))]
+        return ops
+
+    def _fits(self, compares: list, ops: list[Op]) -> bool:
+        return (len(ops) <= self.kv.max_txn_ops and len(compares) <= self.kv.max_txn_ops
+                and request_bytes(compares, ops) <= self._budget)
+
+    async def create_topic(self, name: str, partitions: int, replication_factor: int,
+                           configs: dict[str, str], assignments: dict[int, PartitionState]
+                           ) -> TopicInfo:
+        if not name:
+            raise ValueError("topic name must not be empty")
+        if partitions < 1 or replication_factor < 1:
+            raise ValueError(f"topic {name}: partitions and replication factor must be >= 1")
+        if set(assignments) != set(range(partitions)):
+            raise ValueError(f"topic {name}: assignments must cover partitions 0..{partitions - 1}")
+        info = TopicInfo(name, uuid.uuid4(), partitions, replication_factor, dict(configs))
+        key = self._topic_key(name)
+        if await self.kv.get(key) is not None:
+            raise TopicExists(name)
+        ops = self._partition_ops(info.topic_id, assignments)
+        topic_put = Put(key, _topic_json(info))
+        if self._fits([absent(key)], ops + [topic_put]):
+            if not await self.kv.txn([absent(key)], ops + [topic_put]):
+                raise TopicExists(name)
+            return info
+        # Too big for one transaction: the partition keys sit under a fresh topic id nobody
+        # can name until the topic key, written last, points at it.
+        await self._batched(ops)
+        if not await self.kv.txn([absent(key)], [topic_put]):
+            await self.kv.delete_prefix(self._k(f"partitions/{info.topic_id}/"))
+            raise TopicExists(name)
+        return info
+
+    async def topics(self) -> dict[str, TopicInfo]:
+        out = {}
+        for key, value, _ in await self.kv.range(self._k("topics/")):
+            t = _topic(key, value)
+            out[t.name] = t
+        return out
+
+    async def topic(self, name: str) -> TopicInfo | None:
+        key = self._topic_key(name)
+        got = await self.kv.get(key)
+        return _topic(key, got[0]) if got else None
+
+    async def _topic_rev(self, name: str) -> tuple[TopicInfo, int]:
+        key = self._topic_key(name)
+        got = await self.kv.get(key)
+        if got is None:
+            raise UnknownTopic(name)
+        return _topic(key, got[0]), got[1]
+
+    async def delete_topic(self, name: str) -> TopicInfo:
+        key = self._topic_key(name)
+        while True:
+            info, rev = await self._topic_rev(name)
+            tid = info.topic_id
+            ok = await self.kv.txn([mod_is(key, rev)], [
+                Delete(key),
+                DeletePrefix(self._k(f"partitions/{tid}/")),
+                DeletePrefix(self._k(f"logs/{tid}/")),
+                DeletePrefix(self._k(f"segments/{tid}/")),
+                self._generation_bump(), self._deletion_mark()])
+            if ok:
+                break
+        # Committed offsets name the topic, not its id: drop every group's.
+        mark = f"/offsets/{_q(name)}/"
+        stale = [Delete(k) for k, _, _ in await self.kv.range(self._k("groups/")) if mark in k]
+        await self._batched(stale)
+        return info
+
+    async def set_topic_configs(self, name: str, configs: dict[str, str]) -> TopicInfo:
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in configs.items()):
+            raise ValueError(f"topic {name}: configs must map strings to strings")
+        key = self._topic_key(name)
+        while True:
+            info, rev = await self._topic_rev(name)
+            new = TopicInfo(info.name, info.topic_id, info.partitions, info.replication_factor,
+                            dict(configs))
+            if await self.kv.txn([mod_is(key, rev)], [Put(key, _topic_json(new))]):
+                return new
+
+    async def add_partitions(self, name: str, new_total: int,
+                             assignments: dict[int, PartitionState]) -> TopicInfo:
+        key = self._topic_key(name)
+        while True:
+            info, rev = await self._topic_rev(name)
+            if new_total <= info.partitions:
+                raise ValueError(f"topic {name} has {info.partitions} partitions; "
+                                 f"cannot grow it to {new_total}")
+            if set(assignments) != set(range(info.partitions, new_total)):
+                raise ValueError(f"topic {name}: assignments must cover partitions "
+                                 f"{info.partitions}..{new_total - 1}")
+            new = TopicInfo(info.name, info.topic_id, new_total, info.replication_factor,
+                            info.configs)
+            ops = self._partition_ops(info.topic_id, assignments)
+            topic_put = Put(key, _topic_json(new))
+            if self._fits([mod_is(key, rev)], ops + [topic_put]):
+                if await self.kv.txn([mod_is(key, rev)], ops + [topic_put]):
+                    return new
+                continue
+            # partition_states() hides partitions beyond the topic's count, so these
+            # are invisible until the topic key grows.
+            await self._batched(ops)
+            if await self.kv.txn([mod_is(key, rev)], [topic_put]):
+                return new
+
+    # --- partitions ----------------------------------------------------------------------
+
+    async def partition_states(self, topic_id: uuid.UUID) -> dict[int, PartitionState]:
+        _, kvs = await self.kv.snapshot([self._k(f"partitions/{topic_id}/"),
+                                         self._k("topics/")])
+        count = None
+        states: dict[int, PartitionState] = {}
+        for key, value, _ in kvs:
+            rel = key[len(self.prefix):].split("/")
+            if rel[0] == "topics":
+                t = _topic(key, value)
+                if t.topic_id == topic_id:
+                    count = t.partitions
+            elif len(rel) == 3:
+                states[_parse_tp(key, rel[1], rel[2])[1]] = _state(key, value)
+        if count is None:
+            raise UnknownTopic(str(topic_id))
+        return {p: s for p, s in states.items() if p < count}
+
+    async def set_partition_state(self, topic_id: uuid.UUID, partition: int,
+                                  state: PartitionState, expect_epoch: int | None = None) -> None:
+        ekey = self._epoch_key(topic_id, partition)
+        while True:
+            got = await self.kv.get(ekey)
+            current = _int(ekey, got[0]) if got else None
+            if expect_epoch is not None:
+                if current is None:
+                    raise UnknownTopic(f"{topic_id}/{partition}")
+                if current != expect_epoch:
+                    raise Fenced(f"{topic_id}/{partition}: leader epoch is {current}, "
+                                 f"not {expect_epoch}")
+            if current is not None and state.leader_epoch < current:
+                raise ValueError(f"{topic_id}/{partition}: leader epoch cannot go back from "
+                                 f"{current} to {state.leader_epoch}")
+            ops: list[Op] = [Put(self._part_key(topic_id, partition), _state_json(state))]
+            if current != state.leader_epoch:
+                ops += [Put(ekey, _dumps(state.leader_epoch)), self._generation_bump()]
+            if await self.kv.txn([mod_is(ekey, got[1] if got else 0)], ops):
+                return
+
+    async def _epoch_mismatches(self, epochs: dict[TP, int]) -> list[str]:
+        """Partitions whose stored leader epoch is not the one given."""
+        stored: dict[TP, int] = {}
+        for tid in {tid for tid, _ in epochs}:
+            for key, value, _ in await self.kv.range(self._k(f"partitions/{tid}/")):
+                rel = key[len(self.prefix):].split("/")
+                if len(rel) == 4 and rel[3] == "epoch":
+                    stored[_parse_tp(key, rel[1], rel[2])] = _int(key, value)
+        return [f"{tid}/{p} (epoch {stored.get((tid, p), 'gone')}, not {e})"
+                for (tid, p), e in sorted(epochs.items(), key=lambda i: (str(i[0][0]), i[0][1]))
+                if stored.get((tid, p)) != e]
+
+    # --- logs ----------------------------------------------------------------------------
+
+    async def _sync(self) -> None:
+        """Bring the index up to a revision read after this call began (linearizable),
+        sharing one refresh among concurrent callers."""
+        local = self.kv.local_revision()
+        if local is not None and local == self._index.revision:
+            return
+        self._sync_wanted += 1
+        ticket = self._sync_wanted
+        async with self._sync_lock:
+            if self._sync_served >= ticket:
+                return
+            covers = self._sync_wanted
+            await self._refresh()
+            self._sync_served = covers
+
+    async def _refresh(self) -> None:
+        prefixes = [self._k(p) for p in ("topics/", "logs/", "segments/", "wal/")]
+        prefixes.append(self._deletions_key)
+        idx = self._index
+        if idx.revision:
+            rev, kvs = await self.kv.snapshot(prefixes, idx.revision + 1)
+            if any(k == self._deletions_key for k, _, _ in kvs):
+                idx = _Index()
+        if not idx.revision:
+            rev, kvs = await self.kv.snapshot(prefixes, 0)
+        try:
+            touched: set = set()
+            for key, value, _ in kvs:
+                if key != self._deletions_key:
+                    idx.apply(key[len(self.prefix):], key, value, touched)
+            idx.assemble(touched)
+        except BaseException:
+            self._index = _Index()  # half-applied: the next call reloads in full
+            raise
+        idx.revision = rev
+        self._index = idx
+
+    async def log_state(self, topic_id: uuid.UUID, partition: int) -> LogState:
+        await self._sync()
+        if topic_id not in self._index.topics:
+            raise UnknownTopic(str(topic_id))
+        return self._index.log_state((topic_id, partition))
+
+    async def log_states(self, partitions: Iterable[TP]) -> dict[TP, LogState]:
+        """log_state of many partitions for the price of one refresh."""
+        await self._sync()
+        out = {}
+        for tp in partitions:
+            if tp[0] not in self._index.topics:
+                raise UnknownTopic(str(tp[0]))
+            out[tp] = self._index.log_state(tp)
+        return out
+
+    async def set_log_start_offset(self, topic_id: uuid.UUID, partition: int, offset: int) -> None:
+        key = self._log_key(topic_id, partition)
+        ekey = self._epoch_key(topic_id, partition)
+        while True:
+            got = await self.kv.get(key)
+            state = _loads(key, got[0]) if got else {"log_start_offset": 0, "producers": {}}
+            if not isinstance(state, dict) or not isinstance(state.get("log_start_offset"), int):
+                raise CoordinatorError(f"corrupt log state at {key}")
+            if offset <= state["log_start_offset"]:
+                return
+            state["log_start_offset"] = offset
+            if await self.kv.txn([mod_is(key, got[1] if got else 0), exists(ekey)],
+                                 [Put(key, _dumps(state))]):
+                return
+            if await self.kv.get(ekey) is None:
+                raise UnknownTopic(f"{topic_id}/{partition}")
+
+    # --- WAL objects ---------------------------------------------------------------------
+
+    async def commit_wal(self, obj: WalObject, epochs: dict[TP, int]) -> None:
+        if obj.gateway_id < 0 or obj.sequence < 0 or not obj.key:
+            raise ValueError(f"invalid WAL object identity {obj.gateway_id}/{obj.sequence}")
+        grouped: dict[TP, list[dict]] = {}
+        for r in obj.ranges:
+            _check_range(r)
+            tp = (r.topic_id, r.partition)
+            if tp not in epochs:
+                raise ValueError(f"WAL object {obj.key} has a range of {tp[0]}/{tp[1]} "
+                                 "but no leader epoch for it")
+            grouped.setdefault(tp, []).append(_range_dict(r))
+        order = sorted(epochs, key=lambda tp: (str(tp[0]), tp[1]))
+        compares = [value_is(self._epoch_key(*tp), _dumps(epochs[tp])) for tp in order]
+        wkey = self._wal_key(obj.gateway_id, obj.sequence)
+        whole = Put(wkey, _dumps({"key": obj.key, "ranges": [_range_dict(r) for r in obj.ranges]}))
+        if self._fits(compares, [whole]):
+            if not await self.kv.txn(compares, [whole]):
+                if await self._already_committed(whole):
+                    return
+                bad = await self._epoch_mismatches(epochs)
+                raise Fenced(f"WAL object {obj.key} not committed: leadership moved for "
+                             + (", ".join(bad) or "one of its partitions"))
+            return
+        await self._commit_wal_split(obj, epochs, order, grouped, wkey)
+
+    def _plan_chunks(self, order: list[TP], epochs: dict[TP, int],
+                     grouped: dict[TP, list[dict]]) -> list[_Chunk]:
+        room = self.kv.max_txn_ops - 1  # one compare is the fence generation
+        chunks = [_Chunk()]
+        for tp in order:
+            size = len(_dumps(grouped.get(tp, []))) + len(self._epoch_key(*tp)) + 40
+            if size > self._budget:
+                raise RequestTooLarge(f"partition {tp[0]}/{tp[1]} has {size} bytes of ranges "
+                                      "in one WAL object; that exceeds one etcd request")
+            c = chunks[-1]
+            if c.tps and (len(c.tps) >= room or c.size + size > self._budget):
+                chunks.append(c := _Chunk())
+            c.tps.append(tp)
+            c.ranges += grouped.get(tp, [])
+            c.size += size
+        return chunks
+
+    async def _commit_wal_split(self, obj: WalObject, epochs: dict[TP, int], order: list[TP],
+                                grouped: dict[TP, list[dict]], wkey: str) -> None:
+        chunks = self._plan_chunks(order, epochs, grouped)
+        header = Put(wkey, _dumps({"key": obj.key, "ranges": [], "parts": len(chunks)}))
+        for _ in range(_SPLIT_COMMIT_ATTEMPTS):
+            got = await self.kv.get(self._gen_key)
+            fence = mod_is(self._gen_key, got[1] if got else 0)
+            ok = True
+            for i, c in enumerate(chunks):
+                ok = await self.kv.txn(
+                    [fence] + [value_is(self._epoch_key(*tp), _dumps(epochs[tp])) for tp in c.tps],
+                    [Put(f"{wkey}/{i:06d}", _dumps({"ranges": c.ranges}))])
+                if not ok:
+                    break
+            if ok and await self.kv.txn([fence], [header]):
+                return
+            # Parts without a header are invisible: remove them before deciding. A header
+            # that is already there came from an earlier attempt whose reply was lost.
+            if not await self.kv.txn([absent(wkey)],
+                                     [DeletePrefix(wkey + "/"), self._deletion_mark()]):
+                if await self._already_committed(header):
+                    return
+                raise CoordinatorError(f"{wkey} holds a different WAL object")
+            bad = await self._epoch_mismatches(epochs)
+            if bad:
+                raise Fenced(f"WAL object {obj.key} not committed: leadership moved for "
+                             + ", ".join(bad))
+        raise CoordinatorUnavailable(f"WAL object {obj.key}: commit kept colliding with "
+                                     "leadership changes elsewhere; retry")
+
+    async def _already_committed(self, put: Put) -> bool:
+        """A retried commit whose first attempt landed although its reply was lost."""
+        got = await self.kv.get(put.key)
+        return got is not None and got[0] == put.value
+
+    async def wal_objects(self) -> list[WalObject]:
+        await self._sync()
+        return [self._index.objects[ws] for ws in sorted(self._index.objects)]
+
+    async def wal_ranges(self, topic_id: uuid.UUID, partition: int, from_offset: int
+                         ) -> list[tuple[str, WalRange]]:
+        await self._sync()
+        tp = (topic_id, partition)
+        sealed = self._index.seg_last(tp)
+        found = [(r.base_offset, ws, key, r)
+                 for ws, (key, rs) in self._index.by_tp.get(tp, {}).items() for r in rs
+                 if r.last_offset >= from_offset and r.last_offset > sealed]
+        found.sort(key=lambda f: (f[0], f[1]))
+        return [(key, r) for _, _, key, r in found]
+
+    async def obsolete_wal_objects(self) -> list[WalObject]:
+        """WAL objects none of whose ranges is still needed: each belongs to a deleted topic,
+        lies below its partition's log start, or is covered by a sealed segment."""
+        await self._sync()
+        idx = self._index
+
+        def needed(r: WalRange) -> bool:
+            tp = (r.topic_id, r.partition)
+            topic = idx.topics.get(r.topic_id)
+            if topic is None or r.partition >= topic.partitions:
+                return False
+            return r.last_offset >= idx.log_start.get(tp, 0) and r.last_offset > idx.seg_last(tp)
+
+        return [idx.objects[ws] for ws in sorted(idx.objects)
+                if not any(needed(r) for r in idx.objects[ws].ranges)]
+
+    async def delete_wal_objects(self, keys: list[tuple[int, int]]) -> None:
+        await self._batched([DeletePrefix(self._wal_key(gw, seq)) for gw, seq in keys],
+                            [self._deletion_mark()])
+
+    # --- segments ------------------------------------------------------------------------
+
+    async def commit_segment(self, topic_id: uuid.UUID, partition: int, entry: SegmentEntry,
+                             leader_epoch: int) -> None:
+        if entry.base_offset < 0 or entry.last_offset < entry.base_offset or entry.size < 0:
+            raise ValueError(f"invalid segment entry {entry.base_offset}..{entry.last_offset}")
+        ekey = self._epoch_key(topic_id, partition)
+        ok = await self.kv.txn([value_is(ekey, _dumps(leader_epoch))],
+                               [Put(self._seg_key(topic_id, partition, entry.base_offset),
+                                    _segment_json(entry))])
+        if not ok:
+            got = await self.kv.get(ekey)
+            now = _int(ekey, got[0]) if got else "gone"
+            raise Fenced(f"segment {entry.key_base} of {topic_id}/{partition} not committed: "
+                         f"leader epoch is {now}, not {leader_epoch}")
+
+    async def segments(self, topic_id: uuid.UUID, partition: int) -> list[SegmentEntry]:
+        await self._sync()
+        segs = self._index.segments.get((topic_id, partition), {})
+        return [segs[b] for b in sorted(segs)]
+
+    async def delete_segments(self, topic_id: uuid.UUID, partition: int,
+                              base_offsets: list[int]) -> None:
+        await self._batched([Delete(self._seg_key(topic_id, partition, b)) for b in base_offsets],
+                            [self._deletion_mark()])
+
+    async def replace_segments(self, topic_id: uuid.UUID, partition: int,
+                               remove: list[int], add: list[SegmentEntry]) -> None:
+        for e in add:
+            if e.base_offset < 0 or e.last_offset < e.base_offset:
+                raise ValueError(f"invalid segment entry {e.base_offset}..{e.last_offset}")
+        added = {e.base_offset for e in add}
+        compares = [exists(self._seg_key(topic_id, partition, b)) for b in remove]
+        # A rewritten segment keeping its base offset is a put; etcd refuses put+delete.
+        ops: list[Op] = [Delete(self._seg_key(topic_id, partition, b))
+                         for b in remove if b not in added]
+        ops += [Put(self._seg_key(topic_id, partition, e.base_offset), _segment_json(e))
+                for e in add]
+        ops.append(self._deletion_mark())
+        if not self._fits(compares, ops):
+            raise RequestTooLarge(f"replacing {len(remove)} segments with {len(add)} does not "
+                                  "fit one transaction; swap fewer at a time")
+        if not await self.kv.txn(compares, ops):
+            raise Fenced(f"{topic_id}/{partition}: a segment to replace is already gone")
+
+    # --- groups --------------------------------------------------------------------------
+
+    async def commit_offsets(self, group: str,
+                             offsets: dict[tuple[str, int], CommittedOffset]) -> None:
+        ops: list[Op] = [Put(self._offset_key(group, t, p), _offset_json(o))
+                         for (t, p), o in sorted(offsets.items())]
+        # One transaction when it fits; beyond etcd's limits each batch is still whole.
+        await self._batched(ops)
+
+    async def fetch_offsets(self, group: str) -> dict[tuple[str, int], CommittedOffset]:
+        base = self._group_prefix(group) + "offsets/"
+        out = {}
+        for key, value, _ in await self.kv.range(base):
+            topic, _, p = key[len(base):].rpartition("/")
+            try:
+                out[(unquote(topic), int(p))] = _offset(key, value)
+            except ValueError:
+                raise CoordinatorError(f"malformed coordinator key {key}") from None
+        return out
+
+    async def delete_offsets(self, group: str, partitions: list[tuple[str, int]] | None = None
+                             ) -> None:
+        if partitions is None:
+            await self.kv.delete_prefix(self._group_prefix(group))
+            return
+        await self._batched([Delete(self._offset_key(group, t, p)) for t, p in partitions])
+
+    async def groups_with_offsets(self) -> list[str]:
+        base = self._k("groups/")
+        names = {unquote(key[len(base):].split("/", 1)[0])
+                 for key, _, _ in await self.kv.range(base)}
+        return sorted(names)
+
+    # --- producer ids --------------------------------------------------------------------
+
+    async def allocate_producer_ids(self, count: int) -> int:
+        if count < 1:
+            raise ValueError(f"producer id block size must be >= 1, got {count}")
+        key = self._k("producer_ids/next")
+        while True:
+            got = await self.kv.get(key)
+            start = _int(key, got[0]) if got else 0
+            if await self.kv.txn([mod_is(key, got[1] if got else 0)],
+                                 [Put(key, _dumps(start + count))]):
+                return start

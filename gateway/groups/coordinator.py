@@ -1,0 +1,292 @@
+"""The group coordinator: membership (see `membership.py`) plus everything that consults
+the `ClusterStore` - committed offsets, describing, listing and deleting groups.
+
+A group exists for these purposes when this gateway holds members or state for it in
+memory, or when the store holds committed offsets for it; a group known only from its
+offsets is Empty with no protocol type, like a group that only ever committed offsets
+(or whose members' coordinator has since restarted).
+
+Store failures are answered with COORDINATOR_NOT_AVAILABLE, which clients retry, so a
+commit is either stored or reported as failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Iterable, Mapping, TypeVar
+
+from coordinator.model import CommittedOffset
+from gateway.protocol.error_codes import ErrorCode
+
+from .group import CONSUMER_PROTOCOL_TYPE, Group, GroupState
+from .membership import GroupConfig, Membership
+
+log = logging.getLogger(__name__)
+
+E = ErrorCode
+S = GroupState
+GROUP_TYPE = "classic"  # the ListGroups v5 type of every group coordinated here
+T = TypeVar("T")
+TopicPartition = tuple[str, int]
+
+
+class StoreUnavailable(Exception):
+    """The ClusterStore failed; answered as COORDINATOR_NOT_AVAILABLE."""
+
+
+@dataclass(frozen=True)
+class OffsetEntry:
+    """One partition of an OffsetCommit."""
+
+    offset: int
+    leader_epoch: int = -1
+    metadata: str | None = ""
+
+
+@dataclass(frozen=True)
+class MemberDescription:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    metadata: bytes
+    assignment: bytes
+
+
+@dataclass(frozen=True)
+class GroupDescription:
+    group_id: str
+    error: ErrorCode
+    state: str
+    protocol_type: str = ""
+    protocol: str = ""
+    members: tuple[MemberDescription, ...] = ()
+
+
+@dataclass(frozen=True)
+class GroupListing:
+    group_id: str
+    protocol_type: str
+    state: str
+    group_type: str = GROUP_TYPE
+
+
+class GroupCoordinator(Membership):
+    """Classic groups of this gateway: membership in memory, offsets in the store."""
+
+    def __init__(self, store: Any, clock: Callable[[], float] = time.monotonic,
+                 config: GroupConfig | None = None, *,
+                 wall_clock: Callable[[], float] = time.time,
+                 new_uuid: Callable[[], str] = lambda: str(uuid.uuid4()), **settings: Any):
+        """`settings` are GroupConfig fields by name, e.g. initial_rebalance_delay_ms=0."""
+        super().__init__(store, clock, config, new_uuid=new_uuid, **settings)
+        self._wall_clock = wall_clock
+
+    async def _store(self, what: str, call: Awaitable[T]) -> T:
+        try:
+            return await call
+        except Exception as e:
+            log.exception("group store %s failed", what)
+            raise StoreUnavailable(f"{what}: {e}") from e
+
+    # --- OffsetCommit -----------------------------------------------------------------
+
+    async def commit_offsets(self, group_id: str, offsets: Mapping[TopicPartition, OffsetEntry],
+                             *, generation_id: int = -1, member_id: str = "",
+                             group_instance_id: str | None = None
+                             ) -> dict[TopicPartition, ErrorCode]:
+        """Store offsets for a group; one error per partition.
+
+        A commit naming a generation, member or instance must come from a current member
+        of the current generation; an anonymous one (generation -1, no member) only when
+        the group has no members.
+        """
+        error = self._validate_commit(group_id, generation_id, member_id, group_instance_id)
+        if error is not None:
+            return {tp: error for tp in offsets}
+        now_ms = int(self._wall_clock() * 1000)
+        errors: dict[TopicPartition, ErrorCode] = {}
+        accepted: dict[TopicPartition, CommittedOffset] = {}
+        limit = self.config.max_metadata_bytes
+        for tp, entry in offsets.items():
+            metadata = entry.metadata or ""
+            if len(metadata.encode()) > limit:
+                errors[tp] = E.OFFSET_METADATA_TOO_LARGE
+            else:
+                accepted[tp] = CommittedOffset(entry.offset, entry.leader_epoch, metadata, now_ms)
+        if accepted:
+            try:
+                await self._store("commit_offsets", self.store.commit_offsets(group_id, accepted))
+                outcome = E.NONE
+            except StoreUnavailable:
+                outcome = E.COORDINATOR_NOT_AVAILABLE
+            errors.update((tp, outcome) for tp in accepted)
+        return errors
+
+    def _validate_commit(self, group_id: str, generation_id: int, member_id: str,
+                         instance_id: str | None) -> ErrorCode | None:
+        group = self._groups.get(group_id)
+        named = generation_id >= 0 or member_id != "" or instance_id is not None
+        if group is None:
+            if generation_id >= 0:
+                return E.ILLEGAL_GENERATION  # from a generation this coordinator never had
+            return E.UNKNOWN_MEMBER_ID if named else None
+        if group.is_(S.DEAD):
+            return E.COORDINATOR_NOT_AVAILABLE
+        if not named:
+            return None if group.is_(S.EMPTY) else E.UNKNOWN_MEMBER_ID
+        error = self._validate_member(group, member_id, instance_id)
+        if error is not None:
+            return error
+        if generation_id != group.generation_id:
+            return E.ILLEGAL_GENERATION
+        if group.is_(S.COMPLETING_REBALANCE):
+            # A valid member that has its JoinGroup answer but not its assignment yet.
+            return E.REBALANCE_IN_PROGRESS
+        # Stable, or PreparingRebalance, where commits still count: the member learns about
+        # the rebalance from its next heartbeat. A commit is also a sign of life.
+        self._schedule_session(group, group.members[member_id])
+        return None
+
+    # --- OffsetFetch ------------------------------------------------------------------
+
+    async def fetch_offsets(self, group_id: str, partitions: Iterable[TopicPartition] | None = None,
+                            *, require_stable: bool = False
+                            ) -> tuple[ErrorCode, dict[TopicPartition, CommittedOffset]]:
+        """Committed offsets of a group: the given partitions that have one, or all.
+
+        `require_stable` asks for UNSTABLE_OFFSET_COMMIT on partitions with pending
+        transactional commits; this coordinator keeps none, so it changes nothing.
+        """
+        try:
+            stored = await self._store("fetch_offsets", self.store.fetch_offsets(group_id))
+        except StoreUnavailable:
+            return E.COORDINATOR_NOT_AVAILABLE, {}
+        if partitions is None:
+            return E.NONE, dict(stored)
+        return E.NONE, {tp: stored[tp] for tp in partitions if tp in stored}
+
+    # --- OffsetDelete -----------------------------------------------------------------
+
+    async def delete_offsets(self, group_id: str, partitions: Iterable[TopicPartition]
+                             ) -> tuple[ErrorCode, dict[TopicPartition, ErrorCode]]:
+        """Delete committed offsets of partitions no live member consumes."""
+        if not group_id:
+            return E.INVALID_GROUP_ID, {}
+        partitions = list(dict.fromkeys(partitions))
+        group = self._groups.get(group_id)
+        if group is None:
+            try:
+                stored = await self._store("fetch_offsets", self.store.fetch_offsets(group_id))
+            except StoreUnavailable:
+                return E.COORDINATOR_NOT_AVAILABLE, {}
+            if not stored:
+                return E.GROUP_ID_NOT_FOUND, {}
+            group = self._groups.get(group_id)  # it may have gained members meanwhile
+        errors: dict[TopicPartition, ErrorCode] = {}
+        if group is not None and group.is_(S.DEAD):
+            return E.GROUP_ID_NOT_FOUND, {}
+        if group is not None and not group.is_(S.EMPTY):
+            if group.protocol_type != CONSUMER_PROTOCOL_TYPE:
+                return E.NON_EMPTY_GROUP, {}
+            subscribed = group.subscribed_topics()
+            for tp in partitions:
+                if subscribed is None or tp[0] in subscribed:
+                    errors[tp] = E.GROUP_SUBSCRIBED_TO_TOPIC
+        eligible = [tp for tp in partitions if tp not in errors]
+        if eligible:
+            try:
+                await self._store("delete_offsets", self.store.delete_offsets(group_id, eligible))
+                outcome = E.NONE
+            except StoreUnavailable:
+                return E.COORDINATOR_NOT_AVAILABLE, {}
+            errors.update((tp, outcome) for tp in eligible)
+        return E.NONE, {tp: errors[tp] for tp in partitions}
+
+    # --- DescribeGroups ---------------------------------------------------------------
+
+    async def describe_group(self, group_id: str) -> GroupDescription:
+        group = self._groups.get(group_id)
+        if group is not None and not group.is_(S.DEAD):
+            return describe(group)
+        if group_id:
+            try:
+                stored = await self._store("fetch_offsets", self.store.fetch_offsets(group_id))
+            except StoreUnavailable:
+                return GroupDescription(group_id, E.COORDINATOR_NOT_AVAILABLE, "")
+            if stored:
+                return GroupDescription(group_id, E.NONE, S.EMPTY.value)
+        return GroupDescription(group_id, E.NONE, S.DEAD.value)
+
+    # --- ListGroups -------------------------------------------------------------------
+
+    async def list_groups(self, states: Iterable[str] | None = None,
+                          types: Iterable[str] | None = None,
+                          owned: Callable[[str], bool] = lambda group_id: True
+                          ) -> tuple[ErrorCode, list[GroupListing]]:
+        """Groups in memory and groups with committed offsets that `owned` says this
+        gateway coordinates, filtered by state and type names (case-insensitive; an empty
+        filter keeps everything)."""
+        listings = {g.group_id: GroupListing(g.group_id, g.protocol_type or "", g.state.value)
+                    for g in self._groups.values() if not g.is_(S.DEAD)}
+        try:
+            with_offsets = await self._store("groups_with_offsets",
+                                             self.store.groups_with_offsets())
+        except StoreUnavailable:
+            return E.COORDINATOR_NOT_AVAILABLE, []
+        for group_id in with_offsets:
+            if group_id not in listings and owned(group_id):
+                listings[group_id] = GroupListing(group_id, "", S.EMPTY.value)
+        wanted_states = {s.lower() for s in states or ()}
+        wanted_types = {t.lower() for t in types or ()}
+        return E.NONE, [
+            g for g in listings.values()
+            if (not wanted_states or g.state.lower() in wanted_states)
+            and (not wanted_types or g.group_type.lower() in wanted_types)]
+
+    # --- DeleteGroups -----------------------------------------------------------------
+
+    async def delete_group(self, group_id: str) -> ErrorCode:
+        """Delete an Empty group and its committed offsets."""
+        group = self._groups.get(group_id)
+        if group is not None:
+            if group.is_(S.DEAD):
+                return E.GROUP_ID_NOT_FOUND
+            if not group.is_(S.EMPTY):
+                return E.NON_EMPTY_GROUP
+            self.forget(group)
+        else:
+            try:
+                stored = await self._store("fetch_offsets", self.store.fetch_offsets(group_id))
+            except StoreUnavailable:
+                return E.COORDINATOR_NOT_AVAILABLE
+            if not stored:
+                return E.GROUP_ID_NOT_FOUND
+            group = self._groups.get(group_id)  # members may have arrived while we looked
+            if group is not None:
+                if not group.is_(S.EMPTY):
+                    return E.NON_EMPTY_GROUP
+                self.forget(group)
+        try:
+            await self._store("delete_offsets", self.store.delete_offsets(group_id, None))
+        except StoreUnavailable:
+            return E.COORDINATOR_NOT_AVAILABLE
+        log.info("group %s deleted", group_id)
+        return E.NONE
+
+
+def describe(group: Group) -> GroupDescription:
+    """A group's summary; metadata, assignments and the protocol are only reported once
+    the generation is Stable, as Kafka does."""
+    stable = group.is_(S.STABLE)
+    protocol = group.protocol_name or ""
+    members = tuple(
+        MemberDescription(m.member_id, m.group_instance_id, m.client_id, m.client_host,
+                          m.metadata(protocol) if stable else b"",
+                          m.assignment if stable else b"")
+        for m in group.members.values())
+    return GroupDescription(group.group_id, E.NONE, group.state.value, group.protocol_type or "",
+                            protocol if stable else "", members)

@@ -1,0 +1,1 @@
+"""Running Stratalog: the `stratalog` command line, local cluster launcher and packaging."""

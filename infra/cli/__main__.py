@@ -1,0 +1,7 @@
+"""`python -m infra.cli ...` runs the `stratalog` command."""
+
+import sys
+
+from infra.cli import main
+
+sys.exit(main())

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs, then run it: `bash scripts/test.sh [pytest args]`.
+# Python packages go into ./.venv; kcat and etcd come from Debian when we are root;
+# KafkaJS comes from npm into tests/clients/kafkajs. A tool that cannot be installed makes
+# its tests skip with a one-line reason.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e '.[test]'
+
+missing=()
+command -v kcat >/dev/null || missing+=(kcat)
+command -v etcd >/dev/null || [ -x .venv/bin/etcd ] || missing+=(etcd-server)
+if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "installing ${missing[*]} from Debian"
+  apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null \
+    || echo "could not install ${missing[*]}; their tests will skip"
+fi
+
+if command -v npm >/dev/null && [ ! -d tests/clients/kafkajs/node_modules/kafkajs ]; then
+  (cd tests/clients/kafkajs && npm install --silent --no-audit --no-fund >/dev/null 2>&1) \
+    || echo "could not install kafkajs; its tests will skip"
+fi
+
+export PYSPARK_PYTHON="$PWD/.venv/bin/python"
+export PYSPARK_DRIVER_PYTHON="$PWD/.venv/bin/python"
+export SPARK_LOCAL_IP=127.0.0.1
+exec .venv/bin/python -m pytest -q -rs "$@"

@@ -1,0 +1,576 @@
+"""Object-store scenarios, written once and run against every backend.
+
+The S3 backend talks HTTP to a real moto server on loopback; the retry tests put a small
+fault-injecting HTTP proxy between the store and moto.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tiering.objectstore import ObjectNotFound, ObjectStoreError, open_store
+from tiering.objectstore.base import ObjectInfo
+from tiering.objectstore.file import FileObjectStore
+from tiering.objectstore.s3 import S3ObjectStore
+
+MiB = 1024 * 1024
+S3_SMALL_MULTIPART = {"multipart_threshold": 6 * MiB, "part_size": 5 * MiB}  # moto enforces 5 MiB parts
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint():
+    server_module = pytest.importorskip("moto.server", reason="moto[server] is not installed")
+    port = free_port()
+    server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def aws_env(monkeypatch, tmp_path, moto_endpoint):
+    """Dummy credentials and a loopback endpoint, through the standard AWS variables only."""
+    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_endpoint)
+    return moto_endpoint
+
+
+def make_bucket(endpoint: str) -> str:
+    import boto3
+
+    name = f"strata-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture(params=["file", "s3"])
+def backend(request, tmp_path):
+    """(kind, make) where make(**s3_options) opens a fresh store on an empty root."""
+    if request.param == "file":
+        root = tmp_path / "store"
+        return "file", lambda **_: open_store(root.as_uri())
+    endpoint = request.getfixturevalue("aws_env")
+    bucket = make_bucket(endpoint)
+    return "s3", lambda **options: open_store(f"s3://{bucket}/cluster-a", **options)
+
+
+def run_with(make, scenario, **options):
+    async def main():
+        store = make(**options)
+        try:
+            return await scenario(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(main())
+
+
+# -- shared scenarios ------------------------------------------------------------------
+
+
+def test_put_get_size_roundtrip(backend):
+    kind, make = backend
+    payload = bytes(range(256)) * 41
+
+    async def scenario(store):
+        await store.put("wal/1/00000000000000000001.wal", payload)
+        assert await store.get("wal/1/00000000000000000001.wal") == payload
+        assert await store.size("wal/1/00000000000000000001.wal") == len(payload)
+        # bytearray and memoryview bodies are accepted and stored exactly
+        await store.put("a/bytearray", bytearray(b"\x00\x01\x02"))
+        await store.put("a/view", memoryview(b"xxhelloxx")[2:7])
+        assert await store.get("a/bytearray") == b"\x00\x01\x02"
+        assert await store.get("a/view") == b"hello"
+        # overwrite replaces the whole object
+        await store.put("a/view", b"z")
+        assert await store.get("a/view") == b"z"
+        assert store.stats["put"] >= 4 and store.stats["get"] >= 4
+        assert store.stats["bytes_out"] == len(payload) + 3 + 5 + 1
+        assert store.stats["bytes_in"] == len(payload) + 3 + 5 + 1
+
+    run_with(make, scenario)
+
+
+def test_ranged_reads(backend):
+    kind, make = backend
+    data = os.urandom(10_000)
+
+    async def scenario(store):
+        await store.put("obj", data)
+        assert await store.get("obj", 0, 10_000) == data
+        assert await store.get("obj", 1234, 5678) == data[1234:5678]
+        assert await store.get("obj", 9_999) == data[9_999:]
+        assert await store.get("obj", 5_000) == data[5_000:]
+        assert await store.get("obj", 9_000, 20_000) == data[9_000:]  # end clamps to the size
+        assert await store.get("obj", 10_000) == b""
+        assert await store.get("obj", 12_000, 13_000) == b""
+        assert await store.get("obj", 7, 7) == b""
+        with pytest.raises(ValueError):
+            await store.get("obj", -1, 5)
+        with pytest.raises(ValueError):
+            await store.get("obj", 10, 5)
+        await store.put("empty", b"")
+        assert await store.size("empty") == 0
+        assert await store.get("empty") == b""
+        assert await store.get("empty", 0, 100) == b""
+
+    run_with(make, scenario)
+
+
+def test_missing_keys(backend):
+    kind, make = backend
+
+    async def scenario(store):
+        for call in (
+            lambda: store.get("no/such/key"),
+            lambda: store.get("no/such/key", 5, 10),
+            lambda: store.get("no/such/key", 3, 3),
+            lambda: store.size("no/such/key"),
+        ):
+            with pytest.raises(ObjectNotFound) as info:
+                await call()
+            assert isinstance(info.value, KeyError)
+        await store.put("dir/file", b"x")
+        with pytest.raises(ObjectNotFound):
+            await store.get("dir")  # a key prefix is not an object
+        with pytest.raises(ObjectNotFound):
+            await store.size("dir")
+
+    run_with(make, scenario)
+
+
+@pytest.mark.parametrize("key", ["", "/abs", "a/../b", "..", "a//b", "./a", "a/", "a\\b"])
+def test_bad_keys_rejected(backend, key):
+    kind, make = backend
+
+    async def scenario(store):
+        with pytest.raises(ValueError):
+            await store.put(key, b"x")
+        with pytest.raises(ValueError):
+            await store.get(key)
+        with pytest.raises(ValueError):
+            await store.delete([key])
+
+    run_with(make, scenario)
+
+
+def test_listing_prefixes_sorted_and_paginated(backend):
+    kind, make = backend
+    keys = [f"topics/orders-x/{p}/{i:020d}-0-u.log" for p in range(3) for i in range(13)]
+    keys += ["topics/other/0/a", "wal/7/00000000000000000001.wal", "topicsx"]
+
+    async def scenario(store):
+        await asyncio.gather(*(store.put(k, k.encode()) for k in reversed(keys)))
+        everything = await store.list("")
+        assert everything == sorted((ObjectInfo(k, len(k)) for k in keys), key=lambda i: i.key)
+        orders = await store.list("topics/orders-x/")
+        assert [i.key for i in orders] == sorted(k for k in keys if k.startswith("topics/orders-x/"))
+        assert len(orders) == 39
+        # prefixes need not end at a path separator
+        assert [i.key for i in await store.list("topics")] == sorted(k for k in keys if k.startswith("topics"))
+        assert [i.key for i in await store.list("topics/orders-x/1/0000000000000000001")] == [
+            f"topics/orders-x/1/{i:020d}-0-u.log" for i in range(10, 13)
+        ]
+        assert await store.list("nothing/here/") == []
+        if kind == "s3":
+            before = store.stats["list"]
+            await store.list("topics/orders-x/")
+            assert store.stats["list"] - before == 6  # 39 keys in pages of 7
+
+    run_with(make, scenario, page_size=7)
+
+
+def test_deletes(backend):
+    kind, make = backend
+    keys = [f"manifests/t-x/0/{i:020d}.avro" for i in range(25)]
+
+    async def scenario(store):
+        await asyncio.gather(*(store.put(k, b"m") for k in keys))
+        await store.put("keep/me", b"k")
+        await store.delete(keys[:20] + ["manifests/t-x/0/missing.avro", "never/existed"])
+        assert [i.key for i in await store.list("")] == sorted(keys[20:] + ["keep/me"])
+        await store.delete([])
+        await store.delete(keys)  # the first 20 are gone already: ignored
+        assert [i.key for i in await store.list("")] == ["keep/me"]
+        with pytest.raises(ObjectNotFound):
+            await store.get(keys[0])
+        if kind == "s3":
+            assert store.stats["delete"] == 3 + 3  # 22 keys, then 25 keys, in batches of 10
+
+    run_with(make, scenario, delete_batch=10)
+
+
+def test_large_object_multipart(backend):
+    kind, make = backend
+    data = os.urandom(12 * MiB + 123)
+
+    async def scenario(store):
+        await store.put("big/segment.log", data)
+        assert await store.size("big/segment.log") == len(data)
+        assert await store.get("big/segment.log") == data
+        # a range straddling the boundary between parts 1 and 2
+        assert await store.get("big/segment.log", 5 * MiB - 10, 5 * MiB + 10) == data[5 * MiB - 10 : 5 * MiB + 10]
+        if kind == "s3":
+            assert store.stats["put"] == 5  # create + 3 parts + complete
+            assert store.stats["bytes_out"] == len(data)
+
+    run_with(make, scenario, **S3_SMALL_MULTIPART)
+
+
+def test_concurrent_puts_and_gets(backend):
+    kind, make = backend
+
+    async def scenario(store):
+        blobs = {f"c/{i}": os.urandom(1000 + i) for i in range(40)}
+        await asyncio.gather(*(store.put(k, v) for k, v in blobs.items()))
+        got = await asyncio.gather(*(store.get(k) for k in blobs))
+        assert dict(zip(blobs, got)) == blobs
+
+    run_with(make, scenario)
+
+
+# -- file backend specifics ------------------------------------------------------------
+
+
+def test_file_store_atomic_layout_and_pruning(tmp_path):
+    root = tmp_path / "root"
+
+    async def scenario():
+        store = open_store(root.as_uri())
+        assert isinstance(store, FileObjectStore) and store.url == root.as_uri()
+        await store.put("topics/t-x/0/seg.log", b"abc")
+        assert (root / "topics" / "t-x" / "0" / "seg.log").read_bytes() == b"abc"
+        # a half-written temporary file is never listed, and its name is not a valid key
+        (root / "topics" / "t-x" / "0" / ".tmp-leftover").write_bytes(b"partial")
+        assert [i.key for i in await store.list("")] == ["topics/t-x/0/seg.log"]
+        with pytest.raises(ValueError):
+            await store.put("topics/.tmp-x", b"")
+        (root / "topics" / "t-x" / "0" / ".tmp-leftover").unlink()
+        await store.delete(["topics/t-x/0/seg.log"])
+        assert not (root / "topics").exists()  # emptied directories are pruned
+        assert root.is_dir()
+        assert store.stats["put"] == 1 and store.stats["delete"] == 1 and store.stats["list"] == 1
+
+    asyncio.run(scenario())
+
+
+def test_file_store_io_failure_is_object_store_error(tmp_path):
+    root = tmp_path / "root"
+
+    async def scenario():
+        store = open_store(root.as_uri())
+        await store.put("a", b"x")
+        with pytest.raises(ObjectStoreError):
+            await store.put("a/b", b"y")  # "a" is an object, so it cannot be a directory too
+        assert store.stats["errors"] == 1
+
+    asyncio.run(scenario())
+
+
+# -- open_store ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "gcs://bucket/x",
+        "nonsense",
+        "/plain/path",
+        "file://relative/path",
+        "file:relative",
+        "file:///",
+        "s3://",
+        "s3:///prefix",
+        "s3://user@bucket/x",
+        "s3://bucket/x?versioning=1",
+    ],
+)
+def test_open_store_rejects_bad_urls(url):
+    with pytest.raises(ValueError):
+        open_store(url)
+
+
+def test_open_store_picks_backend_and_prefix(tmp_path):
+    assert isinstance(open_store((tmp_path / "d").as_uri()), FileObjectStore)
+    store = open_store("s3://bucket/some/prefix/", endpoint_url="http://127.0.0.1:1", path_style=True)
+    assert isinstance(store, S3ObjectStore)
+    assert (store.bucket, store.prefix, store.url) == ("bucket", "some/prefix/", "s3://bucket/some/prefix")
+    with pytest.raises(ValueError):
+        open_store((tmp_path / "d").as_uri(), region="x")
+    with pytest.raises(TypeError):
+        open_store("s3://bucket", no_such_option=1)
+
+
+def test_s3_region_and_endpoint_configuration(aws_env, monkeypatch):
+    bucket = make_bucket(aws_env)
+
+    async def scenario():
+        # AWS_REGION wins over AWS_DEFAULT_REGION (botocore alone reads only the latter)
+        monkeypatch.setenv("AWS_REGION", "eu-west-3")
+        store = open_store(f"s3://{bucket}")
+        try:
+            client = await store._get_client()
+            assert client.meta.region_name == "eu-west-3"
+        finally:
+            await store.close()
+        # an explicit endpoint overrides a broken one from the environment
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{free_port()}")
+        store = open_store(f"s3://{bucket}", endpoint_url=aws_env, region="us-east-1", path_style=True)
+        try:
+            await store.put("k", b"v")
+            assert await store.get("k") == b"v"
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
+
+
+# -- retries through a fault-injecting proxy -------------------------------------------
+
+
+class FaultProxy:
+    """An HTTP/1.1 proxy on loopback that answers or breaks requests as `policy` says.
+
+    policy(n, request_line) -> None (forward), 500, 503, "drop" (close without answer),
+    "stall" (never answer) or "truncate" (forward, but cut the response body short).
+    One request per connection keeps the proxy simple; it asks for `Connection: close`.
+    """
+
+    def __init__(self, upstream: str, policy) -> None:
+        host, port = upstream.removeprefix("http://").split(":")
+        self.upstream = (host, int(port))
+        self.policy = policy
+        self.requests: list[str] = []
+        self._tasks: set[asyncio.Task] = set()
+
+    async def __aenter__(self) -> FaultProxy:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.endpoint = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.server.close()
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._tasks.add(task)
+        try:
+            await self._one_request(reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self._tasks.discard(task)
+            writer.close()
+
+    async def _one_request(self, reader, writer) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")[:-2]
+        request_line, header_lines = lines[0], lines[1:]
+        headers = {}
+        for line in header_lines:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        assert "chunked" not in headers.get("transfer-encoding", ""), "proxy handles Content-Length bodies only"
+        self.requests.append(request_line)
+        action = self.policy(len(self.requests), request_line)
+        if action in (500, 503):
+            code = "SlowDown" if action == 503 else "InternalError"
+            body = f"<?xml version='1.0'?><Error><Code>{code}</Code><Message>injected</Message></Error>".encode()
+            writer.write(
+                f"HTTP/1.1 {action} Injected\r\nContent-Type: application/xml\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
+            )
+            await writer.drain()
+            return
+        if action == "drop":
+            return
+        if action == "stall":
+            await asyncio.sleep(3600)
+        if headers.get("expect", "").lower() == "100-continue":
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+        kept = [l for l in header_lines if l.split(":")[0].strip().lower() not in ("connection", "expect")]
+        upstream_reader, upstream_writer = await asyncio.open_connection(*self.upstream)
+        upstream_writer.write(("\r\n".join([request_line, *kept, "Connection: close"]) + "\r\n\r\n").encode("latin-1") + body)
+        await upstream_writer.drain()
+        response = await upstream_reader.read()  # upstream closes after one response
+        upstream_writer.close()
+        head, _, body = response.partition(b"\r\n\r\n")
+        # Tell the client not to reuse the connection, since the proxy closes it.
+        head_lines = [l for l in head.split(b"\r\n") if not l.lower().startswith(b"connection:")]
+        if action == "truncate":
+            body = body[: len(body) // 2]
+        writer.write(b"\r\n".join([*head_lines, b"Connection: close"]) + b"\r\n\r\n" + body)
+        await writer.drain()
+
+
+def retrying_store(bucket: str, endpoint: str, **options) -> S3ObjectStore:
+    options.setdefault("backoff_base", 0.001)
+    options.setdefault("backoff_cap", 0.01)
+    return open_store(f"s3://{bucket}/p", endpoint_url=endpoint, path_style=True, **options)
+
+
+def test_s3_retries_throttling_and_server_errors(aws_env):
+    bucket = make_bucket(aws_env)
+    faults = {1: 503, 2: 500, 3: 503, 5: 500, 6: "drop", 8: "truncate"}
+
+    async def scenario():
+        async with FaultProxy(aws_env, lambda n, _: faults.get(n)) as proxy:
+            store = retrying_store(bucket, proxy.endpoint)
+            try:
+                await store.put("k", b"payload" * 1000)  # requests 1-3 fail, 4 succeeds
+                assert store.stats["put"] == 4 and store.stats["retries"] == 3
+                assert await store.get("k", 7, 7000) == (b"payload" * 1000)[7:7000]  # 5, 6 fail, 7 ok
+                assert await store.get("k") == b"payload" * 1000  # 8 cut short, 9 ok
+                assert store.stats["errors"] == 6, (store.stats, len(proxy.requests))
+                assert len(proxy.requests) == 9
+            finally:
+                await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_s3_retries_read_timeouts(aws_env):
+    bucket = make_bucket(aws_env)
+
+    async def scenario():
+        async with FaultProxy(aws_env, lambda n, _: "stall" if n == 1 else None) as proxy:
+            store = retrying_store(bucket, proxy.endpoint, read_timeout=0.3)
+            try:
+                await store.put("k", b"v")
+                assert await store.get("k") == b"v"
+                assert store.stats["retries"] == 1
+            finally:
+                await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_s3_gives_up_after_bounded_attempts_with_jittered_backoff(aws_env):
+    bucket = make_bucket(aws_env)
+    delays: list[float] = []
+
+    async def fake_sleep(seconds: float) -> None:
+        delays.append(seconds)
+
+    async def scenario():
+        async with FaultProxy(aws_env, lambda n, _: 503) as proxy:
+            store = retrying_store(
+                bucket, proxy.endpoint, max_attempts=5, backoff_base=0.1, backoff_cap=0.3,
+                sleep=fake_sleep, rng=lambda: 0.5,
+            )
+            try:
+                with pytest.raises(ObjectStoreError, match="after 5 attempts"):
+                    await store.put("k", b"v")
+                assert len(proxy.requests) == 5
+                assert delays == pytest.approx([0.05, 0.1, 0.15, 0.15])  # half of min(cap, base * 2^n)
+                with pytest.raises(ObjectStoreError):
+                    await store.get("k")
+                assert len(proxy.requests) == 10
+            finally:
+                await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_s3_unreachable_endpoint_gives_object_store_error(aws_env):
+    async def scenario():
+        store = open_store(
+            "s3://bucket-x", endpoint_url=f"http://127.0.0.1:{free_port()}", max_attempts=3,
+            backoff_base=0.001, connect_timeout=1,
+        )
+        try:
+            with pytest.raises(ObjectStoreError):
+                await store.get("k")
+            assert store.stats["get"] == 3
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_s3_non_retryable_error_is_immediate(aws_env):
+    async def scenario():
+        store = open_store("s3://no-such-bucket-here", max_attempts=5)
+        try:
+            with pytest.raises(ObjectStoreError, match="NoSuchBucket"):
+                await store.put("k", b"v")
+            assert store.stats["put"] == 1
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_s3_failed_multipart_upload_is_aborted(aws_env):
+    import boto3
+
+    bucket = make_bucket(aws_env)
+    data = os.urandom(11 * MiB)
+
+    def policy(n, request_line):
+        return 500 if "partNumber=2" in request_line else None
+
+    async def scenario():
+        async with FaultProxy(aws_env, policy) as proxy:
+            store = retrying_store(bucket, proxy.endpoint, max_attempts=2, **S3_SMALL_MULTIPART)
+            try:
+                with pytest.raises(ObjectStoreError):
+                    await store.put("big", data)
+                assert any("uploadId=" in r and r.startswith("DELETE") for r in proxy.requests)
+                with pytest.raises(ObjectNotFound):
+                    await store.size("big")
+            finally:
+                await store.close()
+
+    asyncio.run(scenario())
+    uploads = boto3.client("s3", endpoint_url=aws_env).list_multipart_uploads(Bucket=bucket)
+    assert uploads.get("Uploads", []) == []
+
+
+def test_s3_multipart_part_retry_succeeds(aws_env):
+    bucket = make_bucket(aws_env)
+    data = os.urandom(11 * MiB)
+    seen: set[str] = set()
+
+    def policy(n, request_line):
+        # every part fails once, then goes through
+        if "partNumber=" in request_line and request_line not in seen:
+            seen.add(request_line)
+            return 503
+        return None
+
+    async def scenario():
+        async with FaultProxy(aws_env, policy) as proxy:
+            store = retrying_store(bucket, proxy.endpoint, **S3_SMALL_MULTIPART)
+            try:
+                await store.put("big", data)
+                assert store.stats["retries"] == 3
+                assert await store.get("big") == data
+            finally:
+                await store.close()
+
+    asyncio.run(scenario())

@@ -1,0 +1,202 @@
+"""`file:///abs/path`: an object store on a local (or mounted) file system.
+
+A key `a/b/c` is the file `<root>/a/b/c`. Puts are atomic: the bytes go to a temporary
+file in the target directory (its name starts with TMP_PREFIX, so listings skip it), are
+fsynced, renamed over the target, and the directory is fsynced, so a crash leaves either
+the old object or the whole new one. Deletes prune directories they leave empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from pathlib import Path
+
+from tiering.objectstore.base import (
+    ObjectInfo,
+    ObjectNotFound,
+    ObjectStoreError,
+    check_key,
+    check_range,
+    new_stats,
+)
+
+TMP_PREFIX = ".tmp-"
+
+
+class FileObjectStore:
+    def __init__(self, root: Path | str) -> None:
+        root = Path(root)
+        if not root.is_absolute():
+            raise ValueError(f"file object store root must be absolute: {root}")
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ObjectStoreError(f"cannot create object store root {root}: {exc}") from exc
+        self.root = root
+        self.url = root.as_uri()
+        self.stats = new_stats()
+
+    def __repr__(self) -> str:
+        return f"FileObjectStore({str(self.root)!r})"
+
+    def _path(self, key: str) -> Path:
+        parts = check_key(key).split("/")
+        if any(p.startswith(TMP_PREFIX) for p in parts):
+            raise ValueError(f"object key segment may not start with {TMP_PREFIX!r}: {key!r}")
+        return self.root.joinpath(*parts)
+
+    async def _run(self, op: str, fn, *args):
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except (ObjectNotFound, ValueError):
+            raise
+        except OSError as exc:
+            self.stats["errors"] += 1
+            raise ObjectStoreError(f"{op} failed under {self.root}: {exc}") from exc
+
+    async def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
+        """Write a whole object; visible to readers only once complete."""
+        path = self._path(key)
+        self.stats["put"] += 1
+        await self._run(f"put {key}", _write_atomically, path, data)
+        self.stats["bytes_out"] += len(data) if not isinstance(data, memoryview) else data.nbytes
+
+    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        """Bytes [start, end) of an object (end None: to its end); ObjectNotFound if absent."""
+        check_range(start, end)
+        path = self._path(key)
+        self.stats["get"] += 1
+        data = await self._run(f"get {key}", _read_range, path, key, start, end)
+        self.stats["bytes_in"] += len(data)
+        return data
+
+    async def size(self, key: str) -> int:
+        """The object's size in bytes; ObjectNotFound if absent."""
+        path = self._path(key)
+        self.stats["head"] += 1
+        return await self._run(f"size {key}", _file_size, path, key)
+
+    async def list(self, prefix: str) -> list[ObjectInfo]:
+        """Every object whose key starts with prefix, sorted by key."""
+        directory = prefix.rpartition("/")[0]
+        if directory:
+            check_key(directory)
+        elif prefix.startswith("/"):
+            raise ValueError(f"list prefix must be relative: {prefix!r}")
+        self.stats["list"] += 1
+        return await self._run(f"list {prefix}", _list_files, self.root, directory, prefix)
+
+    async def delete(self, keys: list[str]) -> None:
+        """Delete objects; keys that do not exist are ignored."""
+        paths = [self._path(k) for k in keys]
+        if not paths:
+            return
+        self.stats["delete"] += 1
+        await self._run("delete", _delete_files, self.root, paths)
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+
+def _write_atomically(path: Path, data: bytes | bytearray | memoryview) -> None:
+    # A concurrent delete may prune the directory between mkdir and mkstemp; try again.
+    for attempt in range(5):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=path.parent)
+            break
+        except FileNotFoundError:
+            if attempt == 4:
+                raise
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o644)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_directory(path.parent)
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_range(path: Path, key: str, start: int, end: int | None) -> bytes:
+    try:
+        f = open(path, "rb")
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise ObjectNotFound(key) from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        stop = size if end is None else min(end, size)
+        if start >= stop:
+            return b""
+        f.seek(start)
+        data = f.read(stop - start)
+    if len(data) != stop - start:
+        raise ObjectStoreError(f"short read of {key}: {len(data)} of {stop - start} bytes")
+    return data
+
+
+def _file_size(path: Path, key: str) -> int:
+    try:
+        st = path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        raise ObjectNotFound(key) from None
+    if not path.is_file():
+        raise ObjectNotFound(key)
+    return st.st_size
+
+
+def _list_files(root: Path, directory: str, prefix: str) -> list[ObjectInfo]:
+    base = root.joinpath(*directory.split("/")) if directory else root
+    found: list[ObjectInfo] = []
+    for dirpath, dirnames, filenames in os.walk(base):
+        rel = os.path.relpath(dirpath, root)
+        rel = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+        # Prune subtrees that cannot hold a matching key.
+        dirnames[:] = [d for d in dirnames if (rel + d + "/").startswith(prefix) or prefix.startswith(rel + d + "/")]
+        for name in filenames:
+            key = rel + name
+            if name.startswith(TMP_PREFIX) or not key.startswith(prefix):
+                continue
+            try:
+                size = os.stat(os.path.join(dirpath, name)).st_size
+            except FileNotFoundError:  # deleted while listing
+                continue
+            found.append(ObjectInfo(key, size))
+    found.sort(key=lambda info: info.key)
+    return found
+
+
+def _delete_files(root: Path, paths: list[Path]) -> None:
+    parents: set[Path] = set()
+    for path in paths:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        except IsADirectoryError:  # a "directory" is not an object: nothing to delete
+            continue
+        parents.add(path.parent)
+    # Deepest first, so a parent emptied by its child's removal goes too.
+    for directory in sorted(parents, key=lambda p: len(p.parts), reverse=True):
+        while directory != root and root in directory.parents:
+            try:
+                directory.rmdir()
+            except OSError:  # not empty, or already gone
+                break
+            directory = directory.parent

@@ -1,0 +1,330 @@
+"""`s3://bucket/prefix`: Amazon S3 or any S3-compatible store, through aiobotocore.
+
+Endpoint, region and credentials come from the standard AWS configuration
+(AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, AWS_REGION / AWS_DEFAULT_REGION, AWS_PROFILE and
+config files, environment keys, instance roles); `endpoint_url=`, `region=`, `profile=`
+and `path_style=` override it.
+
+botocore's own retries are switched off: every request goes through one retry loop with
+full-jitter exponential backoff (bounded attempts, then ObjectStoreError), retrying 5xx,
+throttling, timeouts and dropped connections, including a body that breaks mid-read.
+Objects above `multipart_threshold` go up as a multipart upload whose parts are retried
+one by one; a failed upload is aborted so no parts are left billed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import random
+from typing import Any, Awaitable, Callable
+
+import aiohttp
+import botocore.exceptions
+from aiobotocore.config import AioConfig
+from aiobotocore.session import AioSession
+
+from tiering.objectstore.base import (
+    ObjectInfo,
+    ObjectNotFound,
+    ObjectStoreError,
+    check_key,
+    check_range,
+    new_stats,
+)
+
+log = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+MAX_PARTS = 10_000
+MAX_DELETE_BATCH = 1000
+
+_RETRYABLE_CODES = frozenset({
+    "SlowDown", "Throttling", "ThrottlingException", "ThrottledException", "RequestThrottled",
+    "RequestThrottledException", "TooManyRequestsException", "RequestLimitExceeded",
+    "BandwidthLimitExceeded", "ProvisionedThroughputExceededException", "RequestTimeout",
+    "RequestTimeoutException", "InternalError", "ServiceUnavailable", "PriorRequestNotComplete",
+})
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
+_RETRYABLE_EXCEPTIONS = (
+    botocore.exceptions.ConnectionError,  # endpoint unreachable, connect timeout
+    botocore.exceptions.HTTPClientError,  # connection closed, read timeout, body cut short
+    botocore.exceptions.IncompleteReadError,
+    botocore.exceptions.ChecksumError,
+    botocore.exceptions.FlexibleChecksumError,
+    aiohttp.ClientError,
+    asyncio.TimeoutError,
+    ConnectionError,
+)
+
+
+class S3ObjectStore:
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        path_style: bool | None = None,
+        profile: str | None = None,
+        multipart_threshold: int = 16 * MiB,
+        part_size: int = 8 * MiB,
+        part_concurrency: int = 4,
+        max_attempts: int = 6,
+        backoff_base: float = 0.05,
+        backoff_cap: float = 5.0,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 60.0,
+        max_pool_connections: int = 64,
+        page_size: int = 1000,
+        delete_batch: int = MAX_DELETE_BATCH,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        if not bucket or "/" in bucket:
+            raise ValueError(f"bad S3 bucket name: {bucket!r}")
+        if part_size <= 0 or multipart_threshold < part_size:
+            raise ValueError(f"need 0 < part_size <= multipart_threshold, got {part_size}, {multipart_threshold}")
+        if max_attempts < 1 or part_concurrency < 1:
+            raise ValueError("max_attempts and part_concurrency must be at least 1")
+        if not 1 <= page_size <= 1000 or not 1 <= delete_batch <= MAX_DELETE_BATCH:
+            raise ValueError("page_size and delete_batch must be in [1, 1000]")
+        prefix = prefix.strip("/")
+        if prefix:
+            check_key(prefix)
+        self.bucket = bucket
+        self.prefix = prefix + "/" if prefix else ""
+        self.url = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+        self.stats = new_stats()
+        self._endpoint_url = endpoint_url
+        # botocore reads AWS_DEFAULT_REGION and profiles itself, but not AWS_REGION.
+        self._region = region or os.environ.get("AWS_REGION") or None
+        self._path_style = path_style
+        self._profile = profile
+        self._multipart_threshold = multipart_threshold
+        self._part_size = part_size
+        self._part_concurrency = part_concurrency
+        self._max_attempts = max_attempts
+        self._backoff_base = backoff_base
+        self._backoff_cap = backoff_cap
+        self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
+        self._max_pool_connections = max_pool_connections
+        self._page_size = page_size
+        self._delete_batch = delete_batch
+        self._sleep = sleep
+        self._rng = rng
+        self._client: Any = None
+        self._client_cm: Any = None
+        self._client_lock = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"S3ObjectStore({self.url!r})"
+
+    async def _get_client(self) -> Any:
+        if self._client is None:
+            async with self._client_lock:
+                if self._client is None:
+                    s3_options = {}
+                    if self._path_style is not None:
+                        s3_options["addressing_style"] = "path" if self._path_style else "virtual"
+                    config = AioConfig(
+                        connect_timeout=self._connect_timeout,
+                        read_timeout=self._read_timeout,
+                        max_pool_connections=self._max_pool_connections,
+                        retries={"mode": "standard", "total_max_attempts": 1},
+                        s3=s3_options or None,
+                    )
+                    session = AioSession(profile=self._profile)
+                    cm = session.create_client(
+                        "s3", region_name=self._region, endpoint_url=self._endpoint_url, config=config
+                    )
+                    try:
+                        self._client = await cm.__aenter__()
+                    except botocore.exceptions.BotoCoreError as exc:
+                        raise ObjectStoreError(f"cannot configure S3 client for {self.url}: {exc}") from exc
+                    self._client_cm = cm
+        return self._client
+
+    def _backoff(self, attempt: int) -> float:
+        # Full jitter: a uniform draw below an exponentially growing cap.
+        return self._rng() * min(self._backoff_cap, self._backoff_base * (2 ** (attempt - 1)))
+
+    async def _call(
+        self,
+        stat: str,
+        what: str,
+        request: Callable[[Any], Awaitable[Any]],
+        *,
+        missing_key: str | None = None,
+        allow: frozenset[str] = frozenset(),
+    ) -> Any:
+        """Run one request with retries. Error codes in `allow` are returned, not raised."""
+        client = await self._get_client()
+        attempt = 0
+        while True:
+            attempt += 1
+            self.stats[stat] += 1
+            try:
+                return await request(client)
+            except botocore.exceptions.ClientError as exc:
+                error = exc.response.get("Error", {})
+                code = str(error.get("Code", ""))
+                status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0
+                if code in allow:
+                    return exc
+                if missing_key is not None and (code in _NOT_FOUND_CODES or (status == 404 and code != "NoSuchBucket")):
+                    raise ObjectNotFound(missing_key) from None
+                self.stats["errors"] += 1
+                if not (status >= 500 or status == 429 or code in _RETRYABLE_CODES):
+                    raise ObjectStoreError(f"{what} on {self.url}: {code or status} {error.get('Message', '')}".rstrip()) from exc
+                last: BaseException = exc
+            except _RETRYABLE_EXCEPTIONS as exc:
+                self.stats["errors"] += 1
+                last = exc
+            except botocore.exceptions.BotoCoreError as exc:
+                self.stats["errors"] += 1
+                raise ObjectStoreError(f"{what} on {self.url}: {exc}") from exc
+            if attempt >= self._max_attempts:
+                raise ObjectStoreError(
+                    f"{what} on {self.url} failed after {attempt} attempts: {type(last).__name__}: {last}"
+                ) from last
+            delay = self._backoff(attempt)
+            log.debug("%s on %s: %s; retry %d in %.3fs", what, self.url, last, attempt, delay)
+            self.stats["retries"] += 1
+            await self._sleep(delay)
+
+    async def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
+        """Write a whole object; visible to readers only once complete."""
+        full = self.prefix + check_key(key)
+        view = memoryview(data).cast("B")
+        if view.nbytes > self._multipart_threshold:
+            await self._put_multipart(key, full, view)
+        else:
+            body = bytes(view)
+            await self._call("put", f"put {key}", lambda c: c.put_object(Bucket=self.bucket, Key=full, Body=body))
+        self.stats["bytes_out"] += view.nbytes
+
+    async def _put_multipart(self, key: str, full: str, view: memoryview) -> None:
+        part_size = max(self._part_size, math.ceil(view.nbytes / MAX_PARTS))
+        created = await self._call(
+            "put", f"start multipart {key}",
+            lambda c: c.create_multipart_upload(Bucket=self.bucket, Key=full),
+        )
+        upload_id = created["UploadId"]
+        limit = asyncio.Semaphore(self._part_concurrency)
+
+        async def upload(number: int, start: int) -> dict:
+            async with limit:
+                body = bytes(view[start : start + part_size])
+                resp = await self._call(
+                    "put", f"put {key} part {number}",
+                    lambda c: c.upload_part(
+                        Bucket=self.bucket, Key=full, UploadId=upload_id, PartNumber=number, Body=body
+                    ),
+                )
+                return {"PartNumber": number, "ETag": resp["ETag"]}
+
+        tasks = [
+            asyncio.create_task(upload(n, start))
+            for n, start in enumerate(range(0, view.nbytes, part_size), start=1)
+        ]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            parts = [t.result() for t in tasks]  # raises the first failure
+            await self._call(
+                "put", f"complete multipart {key}",
+                lambda c: c.complete_multipart_upload(
+                    Bucket=self.bucket, Key=full, UploadId=upload_id, MultipartUpload={"Parts": parts}
+                ),
+            )
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            try:
+                await self._call(
+                    "put", f"abort multipart {key}",
+                    lambda c: c.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id),
+                )
+            except ObjectStoreError as exc:
+                log.warning("could not abort multipart upload of %s: %s", key, exc)
+            raise
+
+    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        """Bytes [start, end) of an object (end None: to its end); ObjectNotFound if absent."""
+        check_range(start, end)
+        full = self.prefix + check_key(key)
+        if end is not None and end == start:
+            await self.size(key)  # still report a missing object
+            return b""
+        params: dict[str, Any] = {"Bucket": self.bucket, "Key": full}
+        if start or end is not None:
+            params["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
+
+        async def fetch(client: Any) -> bytes:
+            resp = await client.get_object(**params)
+            async with resp["Body"] as stream:
+                data = await stream.read()
+            if len(data) != resp["ContentLength"]:
+                raise botocore.exceptions.IncompleteReadError(
+                    actual_bytes=len(data), expected_bytes=resp["ContentLength"]
+                )
+            return data
+
+        result = await self._call("get", f"get {key}", fetch, missing_key=key, allow=frozenset({"InvalidRange"}))
+        if isinstance(result, botocore.exceptions.ClientError):
+            return b""  # the range starts at or past the end of an existing object
+        self.stats["bytes_in"] += len(result)
+        return result
+
+    async def size(self, key: str) -> int:
+        """The object's size in bytes; ObjectNotFound if absent."""
+        full = self.prefix + check_key(key)
+        resp = await self._call(
+            "head", f"size {key}", lambda c: c.head_object(Bucket=self.bucket, Key=full), missing_key=key
+        )
+        return int(resp["ContentLength"])
+
+    async def list(self, prefix: str) -> list[ObjectInfo]:
+        """Every object whose key starts with prefix, sorted by key."""
+        if prefix.startswith("/"):
+            raise ValueError(f"list prefix must be relative: {prefix!r}")
+        found: list[ObjectInfo] = []
+        params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.prefix + prefix, "MaxKeys": self._page_size}
+        while True:
+            page_params = dict(params)
+            resp = await self._call("list", f"list {prefix}", lambda c: c.list_objects_v2(**page_params))
+            for obj in resp.get("Contents", ()):
+                found.append(ObjectInfo(obj["Key"][len(self.prefix) :], int(obj["Size"])))
+            if not resp.get("IsTruncated"):
+                break
+            params["ContinuationToken"] = resp["NextContinuationToken"]
+        found.sort(key=lambda info: info.key)
+        return found
+
+    async def delete(self, keys: list[str]) -> None:
+        """Delete objects; keys that do not exist are ignored."""
+        full = [self.prefix + check_key(k) for k in keys]
+        for i in range(0, len(full), self._delete_batch):
+            batch = {"Objects": [{"Key": k} for k in full[i : i + self._delete_batch]], "Quiet": True}
+            resp = await self._call(
+                "delete", "delete", lambda c, batch=batch: c.delete_objects(Bucket=self.bucket, Delete=batch)
+            )
+            errors = [e for e in resp.get("Errors", ()) if e.get("Code") not in _NOT_FOUND_CODES]
+            if errors:
+                self.stats["errors"] += 1
+                first = errors[0]
+                raise ObjectStoreError(
+                    f"delete on {self.url}: {len(errors)} keys failed, first {first.get('Key')}: "
+                    f"{first.get('Code')} {first.get('Message', '')}".rstrip()
+                )
+
+    async def close(self) -> None:
+        """Release connections."""
+        cm, self._client_cm, self._client = self._client_cm, None, None
+        if cm is not None:
+            await cm.__aexit__(None, None, None)

@@ -1,0 +1,401 @@
+"""The local active segment: the partition's hot cache of recently appended batches."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from tiering.batch import (
+    HEADER_SIZE,
+    LOG_APPEND_TIME,
+    BatchHeader,
+    CorruptBatch,
+    batch_crc_valid,
+    decode_records,
+    scan_batches,
+)
+from tiering.index import OffsetIndex, TimeIndex
+
+_INT32_MAX = (1 << 31) - 1
+_NO_TIMESTAMP = -1
+_SCAN_CHUNK = 1 << 20
+
+
+def segment_file_name(base_offset: int, suffix: str) -> str:
+    """Kafka's file name: the base offset zero-padded to 20 digits plus ``suffix``."""
+    return f"{base_offset:020d}{suffix}"
+
+
+@dataclass(slots=True, frozen=True)
+class SealedSegment:
+    """What sealing hands to the uploader: the log file plus both index sidecars."""
+
+    base_offset: int
+    last_offset: int
+    size: int
+    min_timestamp: int
+    max_timestamp: int
+    log_path: Path
+    index_bytes: bytes
+    timeindex_bytes: bytes
+
+
+class _ChunkedReader:
+    """Serves small reads at increasing positions from one large pread."""
+
+    def __init__(self, fd: int, chunk: int = _SCAN_CHUNK) -> None:
+        self._fd = fd
+        self._chunk = chunk
+        self._start = 0
+        self._buf = b""
+
+    def read(self, pos: int, length: int) -> memoryview:
+        if pos < self._start or pos + length > self._start + len(self._buf):
+            self._buf = os.pread(self._fd, max(length, self._chunk), pos)
+            self._start = pos
+        offset = pos - self._start
+        return memoryview(self._buf)[offset:offset + length]
+
+
+class ActiveSegment:
+    """One segment of a partition's log on local disk, as Kafka's ``LogSegment`` keeps it.
+
+    Files in ``directory``, named by the zero-padded base offset:
+
+    * ``<base:020>.log``: whole v2 batches back to back (layout in ``tiering.batch``),
+      offsets strictly increasing from ``base_offset``, never more than 2^31 - 1 bytes and
+      never a last offset more than 2^31 - 1 above the base (both indexes store 32-bit
+      relative values).
+    * ``<base:020>.index`` and ``<base:020>.timeindex`` (``tiering.index``): kept in memory
+      while the segment is active and written when it is sealed.
+
+    Indexing follows Kafka: before appending a batch, once more than
+    ``index_interval_bytes`` have been appended since the last entry, the offset index
+    gets (batch last offset, batch position) and the time index gets (greatest timestamp
+    so far, last offset of the batch that carried it). Sealing adds that time entry once
+    more, so the sidecars cover the whole segment. Recovery replays the same rule over the
+    file, so recovered indexes equal the ones appends built.
+
+    Nothing is fsynced: acknowledged data is durable through WAL objects in the object
+    store, and a torn tail is cut off when the file is reopened.
+    """
+
+    def __init__(self, directory: Path, base_offset: int, fd: int, *,
+                 index_interval_bytes: int, now_ms: int) -> None:
+        if index_interval_bytes < 0:
+            raise ValueError(f"index_interval_bytes must be >= 0, got {index_interval_bytes}")
+        self._directory = Path(directory)
+        self._base_offset = base_offset
+        self._fd: int | None = fd
+        self._index_interval_bytes = index_interval_bytes
+        self._created_ms = now_ms
+        self._sealed: SealedSegment | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._size = 0
+        self._next_offset = self._base_offset
+        self._offset_index = OffsetIndex(self._base_offset)
+        self._time_index = TimeIndex(self._base_offset)
+        self._bytes_since_index_entry = 0
+        self._max_timestamp = _NO_TIMESTAMP
+        self._offset_of_max_timestamp = self._base_offset
+        self._min_timestamp: int | None = None
+
+    @classmethod
+    def create(cls, directory: Path, base_offset: int, *, index_interval_bytes: int = 4096,
+               now_ms: int) -> ActiveSegment:
+        """Start a new empty segment; an existing ``.log`` for this base is FileExistsError."""
+        if base_offset < 0:
+            raise ValueError(f"base offset must be >= 0, got {base_offset}")
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(directory / segment_file_name(base_offset, ".log"),
+                     os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        segment = cls(directory, base_offset, fd,
+                      index_interval_bytes=index_interval_bytes, now_ms=now_ms)
+        segment._remove_sidecars()
+        return segment
+
+    @classmethod
+    def open(cls, directory: Path, base_offset: int, *, index_interval_bytes: int = 4096,
+             now_ms: int) -> ActiveSegment:
+        """Reopen an existing ``.log``: keep its valid prefix, cut a torn tail, rebuild indexes."""
+        directory = Path(directory)
+        fd = os.open(directory / segment_file_name(base_offset, ".log"), os.O_RDWR)
+        try:
+            segment = cls(directory, base_offset, fd,
+                          index_interval_bytes=index_interval_bytes, now_ms=now_ms)
+            segment._remove_sidecars()
+            segment._recover()
+        except BaseException:
+            os.close(fd)
+            raise
+        return segment
+
+    # -- properties --------------------------------------------------------------------
+
+    @property
+    def base_offset(self) -> int:
+        return self._base_offset
+
+    @property
+    def next_offset(self) -> int:
+        return self._next_offset
+
+    @property
+    def last_offset(self) -> int:
+        return self._next_offset - 1
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def created_ms(self) -> int:
+        return self._created_ms
+
+    @property
+    def max_timestamp(self) -> int:
+        """Greatest batch max timestamp, or -1 while empty."""
+        return self._max_timestamp
+
+    @property
+    def min_timestamp(self) -> int:
+        """Smallest batch base timestamp (the batch's first record; records later in a
+        CreateTime batch may be earlier), or -1 while empty."""
+        return _NO_TIMESTAMP if self._min_timestamp is None else self._min_timestamp
+
+    @property
+    def directory(self) -> Path:
+        return self._directory
+
+    @property
+    def log_path(self) -> Path:
+        return self._directory / segment_file_name(self._base_offset, ".log")
+
+    @property
+    def index_path(self) -> Path:
+        return self._directory / segment_file_name(self._base_offset, ".index")
+
+    @property
+    def timeindex_path(self) -> Path:
+        return self._directory / segment_file_name(self._base_offset, ".timeindex")
+
+    @property
+    def is_sealed(self) -> bool:
+        return self._sealed is not None
+
+    @property
+    def offset_index(self) -> OffsetIndex:
+        return self._offset_index
+
+    @property
+    def time_index(self) -> TimeIndex:
+        return self._time_index
+
+    # -- writing -----------------------------------------------------------------------
+
+    def fits(self, header: BatchHeader) -> bool:
+        """Whether the batch fits the 32-bit limits of this segment's indexes (else roll)."""
+        return (self._size + header.size <= _INT32_MAX
+                and header.last_offset - self._base_offset <= _INT32_MAX)
+
+    def append(self, batch: bytes | bytearray | memoryview,
+               header: BatchHeader | None = None) -> int:
+        """Append one already-patched batch and return its position in the file.
+
+        The batch bytes are authoritative; ``header``, when given, must describe them
+        (a header parsed before ``patch_batch`` still has the old base offset).
+        """
+        fd = self._writable_fd()
+        view = memoryview(batch).cast("B")
+        actual = BatchHeader.parse(view)
+        if header is not None and (
+            header.base_offset, header.last_offset_delta, header.max_timestamp, header.size
+        ) != (actual.base_offset, actual.last_offset_delta, actual.max_timestamp, actual.size):
+            raise ValueError("header does not describe the batch bytes "
+                             "(was it parsed before patch_batch?)")
+        if actual.size != len(view):
+            raise CorruptBatch(f"batch length field gives {actual.size} bytes, got {len(view)}")
+        if actual.base_offset < self._next_offset:
+            raise ValueError(f"batch base offset {actual.base_offset} is below the segment's "
+                             f"next offset {self._next_offset}")
+        if actual.last_offset_delta < 0:
+            raise CorruptBatch(f"negative last offset delta {actual.last_offset_delta}")
+        if not self.fits(actual):
+            raise ValueError("batch does not fit this segment's 32-bit index limits; roll it")
+        position = self._size
+        written = 0
+        while written < len(view):
+            written += os.pwrite(fd, view[written:], position + written)
+        self._size += len(view)
+        self._track(actual, position)
+        return position
+
+    def _track(self, header: BatchHeader, position: int) -> None:
+        if header.max_timestamp > self._max_timestamp:
+            self._max_timestamp = header.max_timestamp
+            self._offset_of_max_timestamp = header.last_offset
+        if self._bytes_since_index_entry > self._index_interval_bytes:
+            self._offset_index.append(header.last_offset, position)
+            self._time_index.append(self._max_timestamp, self._offset_of_max_timestamp)
+            self._bytes_since_index_entry = 0
+        self._bytes_since_index_entry += header.size
+        if header.records_count > 0:
+            earliest = (header.max_timestamp if header.timestamp_type == LOG_APPEND_TIME
+                        else header.base_timestamp)
+            if self._min_timestamp is None or earliest < self._min_timestamp:
+                self._min_timestamp = earliest
+        self._next_offset = header.last_offset + 1
+
+    def _recover(self) -> None:
+        fd = self._open_fd()
+        file_size = os.fstat(fd).st_size
+        reader = _ChunkedReader(fd)
+        position = 0
+        while position + HEADER_SIZE <= file_size:
+            try:
+                header = BatchHeader.parse(reader.read(position, HEADER_SIZE))
+            except CorruptBatch:
+                break
+            if (position + header.size > file_size
+                    or header.base_offset < self._next_offset
+                    or header.last_offset_delta < 0
+                    or not self.fits(header)
+                    or not batch_crc_valid(reader.read(position, header.size))):
+                break
+            self._size = position + header.size
+            self._track(header, position)
+            position += header.size
+        if position < file_size:
+            os.ftruncate(fd, position)
+
+    def truncate_to(self, offset: int) -> None:
+        """Drop every batch holding an offset at or above ``offset``.
+
+        A batch that straddles ``offset`` goes too, so ``next_offset`` may end up below it.
+        """
+        fd = self._writable_fd()
+        if offset >= self._next_offset:
+            return
+        position = 0 if offset <= self._base_offset else self._find_batch(offset)[0]
+        os.ftruncate(fd, position)
+        self._reset()
+        self._recover()
+
+    def seal(self) -> SealedSegment:
+        """Finish the segment (Kafka's onBecomeInactiveSegment) and describe it for upload.
+
+        Adds the final time index entry, writes both sidecar files and refuses appends
+        from then on; reads keep working until ``close``.
+        """
+        if self._sealed is not None:
+            return self._sealed
+        self._writable_fd()
+        self._time_index.append(self._max_timestamp, self._offset_of_max_timestamp)
+        index_bytes = self._offset_index.to_bytes()
+        timeindex_bytes = self._time_index.to_bytes()
+        self.index_path.write_bytes(index_bytes)
+        self.timeindex_path.write_bytes(timeindex_bytes)
+        self._sealed = SealedSegment(
+            base_offset=self._base_offset,
+            last_offset=self.last_offset,
+            size=self._size,
+            min_timestamp=self.min_timestamp,
+            max_timestamp=self._max_timestamp,
+            log_path=self.log_path,
+            index_bytes=index_bytes,
+            timeindex_bytes=timeindex_bytes,
+        )
+        return self._sealed
+
+    def close(self) -> None:
+        """Release the file; idempotent."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def delete(self) -> None:
+        """Close and remove the segment's files."""
+        self.close()
+        self.log_path.unlink(missing_ok=True)
+        self._remove_sidecars()
+
+    def _remove_sidecars(self) -> None:
+        self.index_path.unlink(missing_ok=True)
+        self.timeindex_path.unlink(missing_ok=True)
+
+    # -- reading -----------------------------------------------------------------------
+
+    def read(self, offset: int, max_bytes: int) -> bytes:
+        """Whole batches from the one holding ``offset``: always that first batch, then more
+        while the total stays within ``max_bytes``. Empty at or past ``next_offset``."""
+        if offset >= self._next_offset:
+            return b""
+        fd = self._open_fd()
+        position, header = self._find_batch(max(offset, self._base_offset))
+        if header.size >= max_bytes:
+            return self._pread(fd, header.size, position)
+        data = self._pread(fd, min(max_bytes, self._size - position), position)
+        _, valid = scan_batches(data)
+        return data[:valid]
+
+    def find_timestamp(self, timestamp: int, starting_offset: int = 0) -> tuple[int, int] | None:
+        """``(timestamp, offset)`` of the first record at or after ``timestamp`` whose offset is
+        at least ``starting_offset``, or None if there is none (Kafka's findOffsetByTimestamp)."""
+        if self._size == 0 or timestamp > self._max_timestamp:
+            return None
+        fd = self._open_fd()
+        lower = max(self._time_index.lookup(timestamp), starting_offset)
+        position = self._offset_index.lookup(lower)[1]
+        reader = _ChunkedReader(fd, 64 * 1024)
+        while position < self._size:
+            header = BatchHeader.parse(reader.read(position, HEADER_SIZE))
+            if header.max_timestamp >= timestamp and header.last_offset >= starting_offset:
+                for record in decode_records(self._pread(fd, header.size, position)):
+                    if record.timestamp >= timestamp and record.offset >= starting_offset:
+                        return record.timestamp, record.offset
+            position += header.size
+        return None
+
+    def offset_for_timestamp(self, timestamp: int) -> int | None:
+        """Offset of the first record whose timestamp is >= ``timestamp``, or None."""
+        found = self.find_timestamp(timestamp)
+        return None if found is None else found[1]
+
+    def _find_batch(self, offset: int) -> tuple[int, BatchHeader]:
+        """Position and header of the first batch whose last offset is >= ``offset``."""
+        fd = self._open_fd()
+        position = self._offset_index.lookup(offset)[1]
+        reader = _ChunkedReader(fd, 64 * 1024)
+        while position < self._size:
+            header = BatchHeader.parse(reader.read(position, HEADER_SIZE))
+            if header.last_offset >= offset:
+                return position, header
+            position += header.size
+        raise ValueError(f"offset {offset} is not in segment {self._base_offset}")
+
+    @staticmethod
+    def _pread(fd: int, length: int, position: int) -> bytes:
+        data = os.pread(fd, length, position)
+        if len(data) != length:
+            raise CorruptBatch(f"segment file ended at {position + len(data)}, "
+                               f"expected {length} bytes from {position}")
+        return data
+
+    def _open_fd(self) -> int:
+        if self._fd is None:
+            raise ValueError(f"segment {self._base_offset} is closed")
+        return self._fd
+
+    def _writable_fd(self) -> int:
+        fd = self._open_fd()
+        if self._sealed is not None:
+            raise ValueError(f"segment {self._base_offset} is sealed")
+        return fd
+
+    def __repr__(self) -> str:
+        return (f"ActiveSegment({self.log_path}, offsets {self._base_offset}.."
+                f"{self.last_offset}, {self._size} bytes)")

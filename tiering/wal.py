@@ -1,0 +1,263 @@
+"""The WAL object: one per gateway flush, holding the new batches of many partitions."""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from dataclasses import dataclass
+
+import crc32c
+
+from tiering.errors import CorruptObject
+
+MAGIC = b"SLWL"
+FORMAT_VERSION = 1
+
+_HEADER = struct.Struct(">4sHH")  # magic, version, flags
+_ENTRY = struct.Struct(">16siqqqQQI")  # topic id, partition, base, last, max ts, position, length, crc
+_TRAILER = struct.Struct(">QIIHH4s")  # footer position, count, footer crc, version, flags, magic
+
+HEADER_SIZE = _HEADER.size  # 8
+ENTRY_SIZE = _ENTRY.size  # 64
+TRAILER_SIZE = _TRAILER.size  # 24
+# Bytes of the trailer covered by the footer CRC: footer position and count.
+_TRAILER_CRC_COVERED = 12
+
+_INT32_MAX = 2**31 - 1
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+@dataclass(frozen=True)
+class WalRangeInfo:
+    """Where one partition's batches sit in a WAL object, and what they cover."""
+
+    topic_id: uuid.UUID
+    partition: int
+    base_offset: int
+    last_offset: int
+    max_timestamp: int
+    position: int
+    length: int
+    crc: int
+
+    @property
+    def end(self) -> int:
+        """One past the range's last byte in the object."""
+        return self.position + self.length
+
+
+class WalBuilder:
+    """Collects batches of many partitions and lays them out as one WAL object.
+
+    Byte layout (integers big-endian, positions from the object's first byte):
+
+        header   (8 bytes)
+          0   magic          4 bytes  b"SLWL"
+          4   version        uint16   FORMAT_VERSION
+          6   flags          uint16   0 (reserved)
+        body
+          one range per (topic id, partition), back to back from byte 8, in the order
+          the partitions were first added; a range is that partition's batches
+          concatenated in offset order, stored as opaque bytes
+        footer   (64 bytes per range, in body order)
+          0   topic id       16 bytes (UUID, big-endian)
+          16  partition      int32
+          20  base offset    int64    first offset of the range's first batch
+          28  last offset    int64    last offset of the range's last batch
+          36  max timestamp  int64    largest batch max timestamp in the range
+          44  position       uint64   the range's first byte
+          52  length         uint64   the range's size in bytes (> 0)
+          60  crc            uint32   CRC-32C of the range's bytes
+        trailer  (24 bytes, the object's last bytes)
+          0   footer position uint64  where the footer starts (= end of the body)
+          8   range count    uint32
+          12  footer crc     uint32   CRC-32C of the footer followed by trailer bytes 0..11
+          16  version        uint16   FORMAT_VERSION
+          18  flags          uint16   0 (reserved)
+          20  magic          4 bytes  b"SLWL"
+
+    Invariants: each (topic id, partition) appears once; ranges tile the body exactly
+    (the first starts at 8, each starts where the previous ended, the last ends at the
+    footer position); base offset <= last offset; the object is footer position + 64 *
+    count + 24 bytes long. A reader GETs the last TRAILER_SIZE bytes (or more), asks
+    `footer_size` how many tail bytes hold the footer, and a recovering leader then
+    fetches only its own range with one ranged GET and checks it with `range_bytes`.
+    """
+
+    def __init__(self) -> None:
+        # (topic_id, partition) -> [batches, base, last, max_ts, size]; dicts keep insertion order.
+        self._ranges: dict[tuple[uuid.UUID, int], list] = {}
+        self._size = 0
+
+    def add(
+        self,
+        topic_id: uuid.UUID,
+        partition: int,
+        base_offset: int,
+        last_offset: int,
+        max_timestamp: int,
+        batch: bytes | bytearray | memoryview,
+    ) -> None:
+        """Append one batch of a partition; its offsets must follow the partition's last batch."""
+        if not isinstance(topic_id, uuid.UUID):
+            raise ValueError(f"topic_id must be a uuid.UUID, got {type(topic_id).__name__}")
+        if not 0 <= partition <= _INT32_MAX:
+            raise ValueError(f"partition out of range: {partition}")
+        if not 0 <= base_offset <= last_offset <= _INT64_MAX:
+            raise ValueError(f"bad offsets: base {base_offset}, last {last_offset}")
+        if not _INT64_MIN <= max_timestamp <= _INT64_MAX:
+            raise ValueError(f"max_timestamp out of range: {max_timestamp}")
+        # Copy anything mutable: the caller may reuse its buffer before the flush.
+        data = batch if isinstance(batch, bytes) else bytes(batch)
+        if not data:
+            raise ValueError("empty batch")
+        slot = self._ranges.get((topic_id, partition))
+        if slot is None:
+            self._ranges[(topic_id, partition)] = [[data], base_offset, last_offset, max_timestamp, len(data)]
+        else:
+            if base_offset <= slot[2]:
+                raise ValueError(
+                    f"batch at offset {base_offset} of {topic_id}/{partition} does not follow "
+                    f"last offset {slot[2]}"
+                )
+            slot[0].append(data)
+            slot[2] = last_offset
+            slot[3] = max(slot[3], max_timestamp)
+            slot[4] += len(data)
+        self._size += len(data)
+
+    @property
+    def size(self) -> int:
+        """Batch bytes pending (the object adds 8 + 64 per partition + 24)."""
+        return self._size
+
+    def __len__(self) -> int:
+        return self._size
+
+    @property
+    def empty(self) -> bool:
+        return not self._ranges
+
+    @property
+    def partitions(self) -> int:
+        """How many (topic id, partition) ranges the object will hold."""
+        return len(self._ranges)
+
+    def build(self) -> tuple[bytes, list[WalRangeInfo]]:
+        """The object's bytes and its ranges; the builder is left unchanged."""
+        pieces = [_HEADER.pack(MAGIC, FORMAT_VERSION, 0)]
+        infos: list[WalRangeInfo] = []
+        position = HEADER_SIZE
+        for (topic_id, partition), (batches, base, last, max_ts, length) in self._ranges.items():
+            crc = 0
+            for data in batches:
+                crc = crc32c.crc32c(data, crc)
+            pieces.extend(batches)
+            infos.append(WalRangeInfo(topic_id, partition, base, last, max_ts, position, length, crc))
+            position += length
+        footer = b"".join(
+            _ENTRY.pack(i.topic_id.bytes, i.partition, i.base_offset, i.last_offset,
+                        i.max_timestamp, i.position, i.length, i.crc)
+            for i in infos
+        )
+        covered = struct.pack(">QI", position, len(infos))  # trailer bytes 0..11
+        footer_crc = crc32c.crc32c(covered, crc32c.crc32c(footer))
+        pieces.append(footer)
+        pieces.append(_TRAILER.pack(position, len(infos), footer_crc, FORMAT_VERSION, 0, MAGIC))
+        return b"".join(pieces), infos
+
+
+def _unpack_trailer(tail: bytes | bytearray | memoryview) -> tuple[int, int, int]:
+    if len(tail) < TRAILER_SIZE:
+        raise CorruptObject(f"WAL tail of {len(tail)} bytes is shorter than the {TRAILER_SIZE}-byte trailer")
+    footer_position, count, footer_crc, version, _flags, magic = _TRAILER.unpack_from(tail, len(tail) - TRAILER_SIZE)
+    if magic != MAGIC:
+        raise CorruptObject(f"not a WAL object: trailer magic {bytes(magic)!r}")
+    if version != FORMAT_VERSION:
+        raise CorruptObject(f"unsupported WAL format version {version}")
+    return footer_position, count, footer_crc
+
+
+def footer_size(tail: bytes | bytearray | memoryview) -> int:
+    """How many bytes at the end of the object hold footer and trailer.
+
+    `tail` is at least the object's last TRAILER_SIZE bytes."""
+    _, count, _ = _unpack_trailer(tail)
+    return count * ENTRY_SIZE + TRAILER_SIZE
+
+
+def read_footer(data_tail: bytes | bytearray | memoryview) -> list[WalRangeInfo]:
+    """Parse and check the footer from the object's last bytes (at least `footer_size`)."""
+    tail = memoryview(data_tail)
+    footer_position, count, footer_crc = _unpack_trailer(tail)
+    need = count * ENTRY_SIZE + TRAILER_SIZE
+    if len(tail) < need:
+        raise CorruptObject(f"WAL footer needs the last {need} bytes, got {len(tail)}")
+    start = len(tail) - need
+    footer = tail[start : start + count * ENTRY_SIZE]
+    trailer = tail[len(tail) - TRAILER_SIZE :]
+    if crc32c.crc32c(trailer[:_TRAILER_CRC_COVERED], crc32c.crc32c(footer)) != footer_crc:
+        raise CorruptObject("WAL footer CRC mismatch")
+    infos: list[WalRangeInfo] = []
+    seen: set[tuple[uuid.UUID, int]] = set()
+    position = HEADER_SIZE
+    for i in range(count):
+        raw_id, partition, base, last, max_ts, pos, length, crc = _ENTRY.unpack_from(footer, i * ENTRY_SIZE)
+        info = WalRangeInfo(uuid.UUID(bytes=raw_id), partition, base, last, max_ts, pos, length, crc)
+        # A CRC-valid footer that breaks the layout was written wrong; refuse it all the same.
+        if pos != position or length <= 0:
+            raise CorruptObject(f"WAL range {i} at {pos}+{length} does not follow the previous range at {position}")
+        if partition < 0 or not 0 <= base <= last:
+            raise CorruptObject(f"WAL range {i} has bad partition or offsets: {info}")
+        if (info.topic_id, partition) in seen:
+            raise CorruptObject(f"WAL footer lists {info.topic_id}/{partition} twice")
+        seen.add((info.topic_id, partition))
+        infos.append(info)
+        position += length
+    if position != footer_position:
+        raise CorruptObject(f"WAL ranges end at {position}, footer starts at {footer_position}")
+    return infos
+
+
+def object_size(data_tail: bytes | bytearray | memoryview) -> int:
+    """The whole object's size, as the trailer states it."""
+    footer_position, count, _ = _unpack_trailer(data_tail)
+    return footer_position + count * ENTRY_SIZE + TRAILER_SIZE
+
+
+def range_bytes(
+    data: bytes | bytearray | memoryview,
+    info: WalRangeInfo,
+    verify: bool = True,
+    base: int = 0,
+) -> memoryview:
+    """The bytes of one range, CRC-checked.
+
+    `data` holds the object's bytes from position `base` on: the whole object (base 0), or
+    only what a ranged GET returned (base = info.position)."""
+    view = memoryview(data)
+    start = info.position - base
+    if start < 0 or start + info.length > len(view):
+        raise CorruptObject(
+            f"WAL range {info.position}+{info.length} is outside the {len(view)} bytes given from {base}"
+        )
+    out = view[start : start + info.length]
+    if verify and crc32c.crc32c(out) != info.crc:
+        raise CorruptObject(f"WAL range of {info.topic_id}/{info.partition} at {info.position}: CRC mismatch")
+    return out
+
+
+def read_wal(data: bytes | bytearray | memoryview) -> list[tuple[WalRangeInfo, memoryview]]:
+    """Check a whole WAL object and return each range with its bytes."""
+    view = memoryview(data)
+    if len(view) < HEADER_SIZE + TRAILER_SIZE:
+        raise CorruptObject(f"WAL object of {len(view)} bytes is too short")
+    magic, version, _flags = _HEADER.unpack_from(view, 0)
+    if magic != MAGIC:
+        raise CorruptObject(f"not a WAL object: header magic {bytes(magic)!r}")
+    if version != FORMAT_VERSION:
+        raise CorruptObject(f"unsupported WAL format version {version}")
+    expected = object_size(view)
+    if expected != len(view):
+        raise CorruptObject(f"WAL object is {len(view)} bytes, its trailer says {expected}")
+    return [(info, range_bytes(view, info)) for info in read_footer(view)]
