@@ -356,11 +356,25 @@ class KVClusterStore:
                 await self.kv.txn([absent(key)], [Put(key, _dumps(str(uuid.uuid4())))])
         return self._cluster_id
 
+    async def grant_lease(self, ttl_s: int) -> int:
+        """A lease that ends ttl_s seconds after its last keepalive."""
+        return await self.kv.grant_lease(ttl_s)
+
+    async def keepalive(self, lease: int) -> bool:
+        """Renew a lease; False once it has ended."""
+        return await self.kv.keepalive(lease)
+
+    async def revoke_lease(self, lease: int) -> None:
+        """End a lease now, removing the keys attached to it."""
+        await self.kv.revoke(lease)
+
     async def register_broker(self, broker_id: int, host: str, port: int, rack: str | None,
-                              lease: int) -> None:
-        """Announce a live broker under a lease (it disappears when the lease ends)."""
+                              lease: int, lagging: list[str] = ()) -> None:
+        """Announce a live broker under a lease (it disappears when the lease ends), with the
+        partitions ("topic_id/p") whose committed data it has not yet caught up on."""
         await self.kv.put(self._k(f"brokers/{broker_id}"),
-                          _dumps({"host": host, "port": port, "rack": rack}), lease)
+                          _dumps({"host": host, "port": port, "rack": rack,
+                                  "lagging": list(lagging)}), lease)
 
     async def brokers(self) -> dict[int, dict]:
         """Live brokers by id: {"host", "port", "rack"}."""
@@ -512,6 +526,22 @@ class KVClusterStore:
         if count is None:
             raise UnknownTopic(str(topic_id))
         return {p: s for p, s in states.items() if p < count}
+
+    async def all_partition_states(self) -> dict[uuid.UUID, dict[int, PartitionState]]:
+        """Partition states of every topic, read at one revision."""
+        _, kvs = await self.kv.snapshot([self._k("partitions/"), self._k("topics/")])
+        counts: dict[uuid.UUID, int] = {}
+        states: dict[uuid.UUID, dict[int, PartitionState]] = {}
+        for key, value, _ in kvs:
+            rel = key[len(self.prefix):].split("/")
+            if rel[0] == "topics":
+                t = _topic(key, value)
+                counts[t.topic_id] = t.partitions
+            elif len(rel) == 3:
+                tid, p = _parse_tp(key, rel[1], rel[2])
+                states.setdefault(tid, {})[p] = _state(key, value)
+        return {tid: {p: s for p, s in states.get(tid, {}).items() if p < n}
+                for tid, n in counts.items()}
 
     async def set_partition_state(self, topic_id: uuid.UUID, partition: int,
                                   state: PartitionState, expect_epoch: int | None = None) -> None:
@@ -811,6 +841,15 @@ class KVClusterStore:
         return sorted(names)
 
     # --- producer ids --------------------------------------------------------------------
+
+    async def allocate_broker_id(self, first: int = 1000) -> int:
+        """A broker id nobody has been given, for gateways started without --broker-id."""
+        key = self._k("broker_ids/next")
+        while True:
+            got = await self.kv.get(key)
+            nxt = _int(key, got[0]) if got else first
+            if await self.kv.txn([mod_is(key, got[1] if got else 0)], [Put(key, _dumps(nxt + 1))]):
+                return nxt
 
     async def allocate_producer_ids(self, count: int) -> int:
         if count < 1:

@@ -12,6 +12,8 @@ from tiering.objectstore import open_store
 
 from .broker import Broker
 from .config import BrokerConfig
+from .http import HttpServer
+from .metrics import GatewayMetrics
 from .server import GatewayServer
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,7 @@ class GatewayOptions:
     settings: dict = field(default_factory=dict)
     store_options: dict = field(default_factory=dict)
     rack: str | None = None
+    http: str | None = "127.0.0.1:9644"  # metrics, health and admin; None: off
 
 
 class Gateway:
@@ -52,6 +55,8 @@ class Gateway:
         self.object_store_url = options.object_store or (self.data_dir / "objects").as_uri()
         self.broker: Broker | None = None
         self.server: GatewayServer | None = None
+        self.http: HttpServer | None = None
+        self.metrics = GatewayMetrics()
         self._store = None
 
     async def start(self) -> None:
@@ -68,10 +73,14 @@ class Gateway:
             raise StartupError(f"object store: {e}") from None
         node_id = self.options.broker_id
         if node_id is None or node_id < 0:
-            node_id = self.config["broker.id"] if self.config["broker.id"] >= 0 else EMBEDDED_NODE_ID
+            node_id = self.config["broker.id"]
+        if node_id < 0:
+            node_id = (EMBEDDED_NODE_ID if self.options.coordinator in (None, "embedded")
+                       else await self._store.allocate_broker_id())
         # Bind first: the advertised port of ":0" listeners is known only after binding.
         self.server = GatewayServer(None, self.host, self.port,
-                                    max_request_bytes=self.config["socket.request.max.bytes"])
+                                    max_request_bytes=self.config["socket.request.max.bytes"],
+                                    metrics=self.metrics)
         try:
             await self.server.start()
         except OSError as e:
@@ -80,11 +89,29 @@ class Gateway:
         adv = (parse_host_port(self.options.advertised, "--advertised") if self.options.advertised
                else (self.host if self.host not in ("0.0.0.0", "::", "") else "127.0.0.1", self.port))
         self.broker = Broker(self.config, node_id=node_id, advertised=adv, data_dir=self.data_dir,
-                             store=self._store, objects=objects, rack=self.options.rack)
+                             store=self._store, objects=objects, rack=self.options.rack,
+                             lease_ttl_s=max(1, round(self.config["broker.session.timeout.ms"] / 1000)))
+        self.broker.metrics = self.metrics
+        self.broker.wal.metrics = self.metrics
         self.server.broker = self.broker
+        self.metrics.attach(self.broker)
+        if self.options.http:
+            host, port = parse_host_port(self.options.http, "--http")
+            self.http = HttpServer(self, host, port)
+            try:
+                await self.http.start()
+            except OSError as e:
+                raise StartupError(f"cannot listen for HTTP on {host}:{port}: {e.strerror or e}") from None
         await self.broker.start()
 
+    def readiness(self) -> tuple[bool, str]:
+        if self.broker is None or not self.broker.started:
+            return False, "starting"
+        return True, "serving"
+
     async def stop(self) -> None:
+        if self.http is not None:
+            await self.http.stop()
         if self.server is not None:
             await self.server.stop()
         if self.broker is not None:
@@ -97,7 +124,8 @@ class Gateway:
         coord = self.options.coordinator or f"embedded at {self.data_dir}"
         return (f"stratalog: serving Kafka on {self.host}:{self.port} "
                 f"(advertised {a.host}:{a.port}, node {a.node_id}); "
-                f"objects at {self.object_store_url}; coordinator {coord}")
+                f"objects at {self.object_store_url}; coordinator {coord}"
+                + (f"; http on {self.http.host}:{self.http.port}" if self.http else ""))
 
 
 async def serve_forever(options: GatewayOptions, ready=print) -> None:

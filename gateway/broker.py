@@ -23,7 +23,8 @@ from tiering.objectstore.base import ObjectStore
 from tiering.remote import RemoteCache
 from tiering.segment import ActiveSegment
 
-from .config import BrokerConfig, ConfigError, parse_value, TOPIC_CONFIGS
+from .cluster import BrokerAddress, Controller, Membership, coordinator_index, new_topic_assignments
+from .config import TOPIC_CONFIGS, BrokerConfig, ConfigError, parse_value
 from .errors import KafkaError
 from .groups import GroupCoordinator
 from .partition import PartitionLog
@@ -34,15 +35,9 @@ log = logging.getLogger(__name__)
 
 TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 MAINTENANCE_TICK_S = 0.25
+CLUSTER_TICK_S = 0.25
 MANIFESTS_KEPT = 3
-
-
-@dataclass(frozen=True)
-class BrokerAddress:
-    node_id: int
-    host: str
-    port: int
-    rack: str | None = None
+SWAPPED_OBJECT_GRACE_S = 30.0
 
 
 def validate_topic_name(name: str) -> None:
@@ -54,7 +49,8 @@ def validate_topic_name(name: str) -> None:
 class Broker:
     def __init__(self, config: BrokerConfig, *, node_id: int, advertised: tuple[str, int],
                  data_dir: Path, store: ClusterStore, objects: ObjectStore,
-                 rack: str | None = None, clock: Callable[[], float] = time.time):
+                 rack: str | None = None, clock: Callable[[], float] = time.time,
+                 lease_ttl_s: int = 6):
         self.config = config
         self.node_id = node_id
         self.address = BrokerAddress(node_id, advertised[0], advertised[1], rack)
@@ -66,7 +62,12 @@ class Broker:
         self.cache = RemoteCache(objects, data_dir / "cache", max_bytes=config["remote.cache.bytes"])
         self.topics: dict[str, TopicInfo] = {}
         self.topics_by_id: dict[uuid.UUID, TopicInfo] = {}
+        self.states: dict[uuid.UUID, dict[int, PartitionState]] = {}
         self.logs: dict[tuple[str, int], PartitionLog] = {}
+        self._becoming: dict[tuple[str, int], asyncio.Task] = {}
+        self.membership = Membership(store, self.address, ttl_s=lease_ttl_s)
+        self.controller = Controller(store, self.membership)
+        self._sync_lock = asyncio.Lock()
         self.wal = WalWriter(node_id, objects, store, flush_ms=config["wal.flush.ms"],
                              flush_bytes=config["wal.flush.bytes"],
                              on_committed=self._wal_committed, on_fenced=self._fenced)
@@ -81,6 +82,9 @@ class Broker:
         self._topic_lock = asyncio.Lock()
         self._producer_ids = (0, 0)  # next, end of the reserved block
         self._last_retention = 0.0
+        self.group_lag: dict[tuple[str, str, int], int] = {}
+        self.metrics = None  # GatewayMetrics, when the app attaches one
+        self.started = False
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -90,12 +94,15 @@ class Broker:
     async def start(self) -> None:
         self.cluster_id = await self.store.cluster_id()
         (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
-        for info in (await self.store.topics()).values():
-            await self._lead_topic(info)
+        await self.membership.start()
         await self.wal.start()
         await self.groups.start()
         await self._collect_orphan_wal_objects()
+        await self.controller.run_once()
+        await self.sync_leadership(wait=True)
         self._tasks.append(asyncio.create_task(self._maintenance(), name="maintenance"))
+        self._tasks.append(asyncio.create_task(self._cluster_loop(), name="cluster"))
+        self.started = True
 
     async def stop(self) -> None:
         for t in self._tasks:
@@ -106,25 +113,90 @@ class Broker:
         for t in list(self._uploading.values()):
             t.cancel()
         await asyncio.gather(*self._uploading.values(), return_exceptions=True)
+        for t in list(self._becoming.values()):
+            t.cancel()
+        await asyncio.gather(*self._becoming.values(), return_exceptions=True)
         for plog in self.logs.values():
             plog.close()
+        await self.membership.stop()
         await self.objects.close()
 
-    async def _lead_topic(self, info: TopicInfo) -> None:
-        """Take leadership of every partition of a topic (one gateway: all of them)."""
-        self.topics[info.name] = info
-        self.topics_by_id[info.topic_id] = info
-        states = await self.store.partition_states(info.topic_id)
-        for p in range(info.partitions):
-            old = states.get(p)
-            epoch = (old.leader_epoch + 1) if old else 0
-            state = PartitionState(self.node_id, epoch, (self.node_id,), (self.node_id,))
-            await self.store.set_partition_state(info.topic_id, p, state)
-            directory = self.data_dir / "logs" / f"{info.name}-{p}"
-            self.logs[(info.name, p)] = await PartitionLog.recover(
-                info.name, info.topic_id, p, epoch, directory, self.store, self.objects,
-                index_interval_bytes=self.topic_config(info.name, "index.interval.bytes"),
-                now_ms=self.now_ms())
+    # ---- leadership ----------------------------------------------------------------------
+
+    async def _cluster_loop(self) -> None:
+        while True:
+            await asyncio.sleep(CLUSTER_TICK_S)
+            try:
+                await self.membership.refresh()
+                await self.controller.run_once()
+                await self.sync_leadership()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - coordinator outage: retried next tick
+                log.warning("cluster sync failed: %s", e)
+
+    async def sync_leadership(self, wait: bool = False) -> None:
+        """Take the partitions the controller gave us, drop the ones it took away."""
+        async with self._sync_lock:
+            topics = await self.store.topics()
+            states = await self.store.all_partition_states()
+            self.topics = dict(topics)
+            self.topics_by_id = {t.topic_id: t for t in topics.values()}
+            self.states = states
+            desired: dict[tuple[str, int], tuple[TopicInfo, int]] = {}
+            for info in topics.values():
+                for p, st in states.get(info.topic_id, {}).items():
+                    if st.leader == self.node_id:
+                        desired[(info.name, p)] = (info, st.leader_epoch)
+            for key, plog in list(self.logs.items()):
+                want = desired.get(key)
+                if want is None or want[1] != plog.leader_epoch or want[0].topic_id != plog.topic_id:
+                    log.info("%s-%d: no longer leader (epoch %d)", key[0], key[1], plog.leader_epoch)
+                    self._drop(key)
+            for key, (info, epoch) in desired.items():
+                if key not in self.logs and key not in self._becoming:
+                    self._becoming[key] = asyncio.create_task(self._become_leader(info, key[1], epoch),
+                                                              name=f"lead-{key}")
+            pending = list(self._becoming.values())
+        if wait and pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _become_leader(self, info: TopicInfo, partition: int, epoch: int) -> None:
+        key = (info.name, partition)
+        try:
+            delay = 0.1
+            while True:
+                try:
+                    plog = await PartitionLog.recover(
+                        info.name, info.topic_id, partition, epoch,
+                        self.data_dir / "logs" / f"{info.name}-{partition}", self.store, self.objects,
+                        index_interval_bytes=self.topic_config(info.name, "index.interval.bytes"),
+                        now_ms=self.now_ms())
+                    break
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - store or coordinator hiccup: retry
+                    log.warning("%s-%d: recovery failed, retrying: %s", info.name, partition, e)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+            current = self.states.get(info.topic_id, {}).get(partition)
+            if current is None or current.leader != self.node_id or current.leader_epoch != epoch:
+                plog.close()
+                return
+            self.logs[key] = plog
+            log.info("%s-%d: leader at epoch %d, offsets %d..%d", info.name, partition, epoch,
+                     plog.log_start_offset, plog.high_watermark)
+            self._hw_event_fire()
+        finally:
+            self._becoming.pop(key, None)
+
+    def _drop(self, key: tuple[str, int]) -> None:
+        task = self._uploading.pop(key, None)
+        if task is not None:
+            task.cancel()
+        plog = self.logs.pop(key, None)
+        if plog is not None:
+            plog.close()
 
     # ---- lookups used by handlers ------------------------------------------------------
 
@@ -144,29 +216,44 @@ class Broker:
         return None if plog is None else plog.high_watermark
 
     def live_brokers(self) -> list[BrokerAddress]:
-        return [self.address]
+        live = self.membership.live
+        return [live[i] for i in sorted(live)] or [self.address]
 
-    def coordinator_for(self, key: str) -> tuple[int, str, int]:
-        a = self.address
+    def coordinator_for(self, key: str) -> tuple[int, str, int] | None:
+        """The gateway coordinating a group: a hash over the live set, the same everywhere."""
+        live = self.live_brokers()
+        if not live:
+            return None
+        a = live[coordinator_index(key, len(live))]
         return a.node_id, a.host, a.port
 
     def is_coordinator_for(self, key: str) -> bool:
-        return True
+        c = self.coordinator_for(key)
+        return c is not None and c[0] == self.node_id
 
     def partition_leader(self, topic: str, partition: int) -> PartitionLog | None:
         return self.logs.get((topic, partition))
 
     async def partition_states(self, info: TopicInfo) -> dict[int, PartitionState]:
-        """Leader, epoch, replicas and ISR as Metadata reports them."""
+        """Leader, epoch, replicas and ISR as Metadata reports them: a dead leader is -1."""
+        live = self.membership.live
         out = {}
-        for p in range(info.partitions):
-            plog = self.logs.get((info.name, p))
-            if plog is not None:
-                out[p] = PartitionState(self.node_id, plog.leader_epoch, (self.node_id,), (self.node_id,))
+        for p, st in self.states.get(info.topic_id, {}).items():
+            if st.leader not in live:
+                st = PartitionState(-1, st.leader_epoch, st.replicas, tuple(r for r in st.isr if r in live))
+            out[p] = st
         return out
 
     def controller_id(self) -> int:
-        return self.node_id
+        return self.node_id if self.controller.is_controller else min(self.membership.live, default=-1)
+
+    def under_replicated_count(self) -> int:
+        count = 0
+        for (topic, p), plog in self.logs.items():
+            st = self.states.get(plog.topic_id, {}).get(p)
+            if st is not None and len(st.isr) < len(st.replicas):
+                count += 1
+        return count
 
     # ---- topics ------------------------------------------------------------------------
 
@@ -199,16 +286,15 @@ class Broker:
                              f"{len(self.live_brokers())} live gateway(s)")
         configs = self.check_topic_configs(configs)
         async with self._topic_lock:
-            if name in self.topics:
+            if name in self.topics or await self.store.topic(name) is not None:
                 raise KafkaError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
             if validate_only:
                 return TopicInfo(name, uuid.uuid4(), partitions, replication_factor, configs)
-            assignments = {p: PartitionState(self.node_id, 0, (self.node_id,), (self.node_id,))
-                           for p in range(partitions)}
+            live = [b.node_id for b in self.live_brokers()]
+            assignments = new_topic_assignments(live, range(partitions), replication_factor, name)
             info = await self.store.create_topic(name, partitions, replication_factor, configs, assignments)
-            await self._lead_topic(info)
-            self._hw_event_fire()
-            return info
+        await self.sync_leadership(wait=True)
+        return info
 
     async def ensure_topic(self, name: str) -> TopicInfo | None:
         """The topic, auto-created when `auto.create.topics.enable` allows."""
@@ -228,12 +314,9 @@ class Broker:
             if info is None:
                 raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
             for p in range(info.partitions):
-                task = self._uploading.pop((name, p), None)
-                if task is not None:
-                    task.cancel()
-                plog = self.logs.pop((name, p), None)
+                plog = self.logs.get((name, p))
+                self._drop((name, p))
                 if plog is not None:
-                    plog.close()
                     shutil.rmtree(plog.directory, ignore_errors=True)
             del self.topics[name]
             self.topics_by_id.pop(info.topic_id, None)
@@ -264,18 +347,11 @@ class Broker:
                                  f"topic {name!r} has {info.partitions} partitions; {total} would not add any")
             if validate_only:
                 return
-            assignments = {p: PartitionState(self.node_id, 0, (self.node_id,), (self.node_id,))
-                           for p in range(info.partitions, total)}
-            info = await self.store.add_partitions(name, total, assignments)
-            self.topics[name] = info
-            self.topics_by_id[info.topic_id] = info
-            for p in range(total):
-                if (name, p) not in self.logs:
-                    directory = self.data_dir / "logs" / f"{name}-{p}"
-                    self.logs[(name, p)] = await PartitionLog.recover(
-                        name, info.topic_id, p, 0, directory, self.store, self.objects,
-                        index_interval_bytes=self.topic_config(name, "index.interval.bytes"),
-                        now_ms=self.now_ms())
+            live = [b.node_id for b in self.live_brokers()]
+            assignments = new_topic_assignments(live, range(info.partitions, total),
+                                                info.replication_factor, name)
+            await self.store.add_partitions(name, total, assignments)
+        await self.sync_leadership(wait=True)
 
     async def delete_records(self, topic: str, partition: int, offset: int) -> int:
         """Move the log start offset (DeleteRecords); -1 means the high watermark."""
@@ -292,6 +368,54 @@ class Broker:
             plog.log_start_offset = offset
             await self._drop_segments_below(plog, offset)
         return plog.log_start_offset
+
+    async def replace_segments(self, topic: str, partition: int, remove: list[int],
+                               add: list[SegmentEntry]) -> None:
+        """Swap sealed segments for their compacted rewrite, atomically.
+
+        The rewrite must cover only offsets of the segments it replaces; the old objects are
+        deleted after a grace period so that reads already under way can finish.
+        """
+        plog = self.logs.get((topic, partition))
+        if plog is None:
+            raise KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{topic}-{partition} is not led here")
+        by_base = {s.base_offset: s for s in plog.sealed}
+        missing = [b for b in remove if b not in by_base]
+        if missing or not remove:
+            raise KafkaError(ErrorCode.INVALID_REQUEST,
+                             f"segments {missing or remove} are not (or no longer) in the log")
+        removed = [by_base[b] for b in remove]
+        lo = min(s.base_offset for s in removed)
+        hi = max(s.last_offset for s in removed)
+        if any(a.base_offset < lo or a.last_offset > hi or a.base_offset > a.last_offset for a in add):
+            raise KafkaError(ErrorCode.INVALID_REQUEST, f"new segments must lie within offsets {lo}-{hi}")
+        if removed[-1] is plog.sealed[-1] and add:
+            # Recovery restores producer state from the newest segment: keep it there.
+            last = max(add, key=lambda a: a.last_offset)
+            add = [a if a is not last else SegmentEntry(**{**a.__dict__, "producers": removed[-1].producers})
+                   for a in add]
+        try:
+            await self.store.replace_segments(plog.topic_id, partition, remove, add)
+        except Exception as e:  # noqa: BLE001 - a concurrent change wins; the caller retries
+            raise KafkaError(ErrorCode.INVALID_REQUEST, f"swap refused: {e}") from None
+        plog.sealed = sorted([s for s in plog.sealed if s.base_offset not in remove] + add,
+                             key=lambda s: s.base_offset)
+        await self._write_manifest(plog)
+        keys = [s.key_base + ext for s in removed for ext in (layout.LOG, layout.INDEX, layout.TIMEINDEX)]
+        self._tasks.append(asyncio.create_task(self._delete_later(keys), name="delete-swapped"))
+
+    async def _delete_later(self, keys: list[str]) -> None:
+        await asyncio.sleep(SWAPPED_OBJECT_GRACE_S)
+        await self.objects.delete(keys)
+
+    async def refresh_group_lag(self) -> None:
+        lag = {}
+        for group in await self.store.groups_with_offsets():
+            for (topic, p), committed in (await self.store.fetch_offsets(group)).items():
+                hw = self.high_watermark(topic, p)
+                if hw is not None:
+                    lag[(group, topic, p)] = max(0, hw - committed.offset)
+        self.group_lag = lag
 
     # ---- producer ids ------------------------------------------------------------------
 
@@ -317,13 +441,14 @@ class Broker:
         self._hw_event_fire()
 
     def _fenced(self, keys: list[tuple[uuid.UUID, int]]) -> None:
-        """Leadership was taken away: stop serving those partitions until reassigned."""
+        """A flush was fenced: some partition in it has a new leader. Every partition whose
+        batches were in it (or queued behind it) now holds uncommitted batches in its local
+        segment, so all are dropped; the next sync re-takes those still ours, rebuilding
+        them from the object store."""
         for tid, p in keys:
             info = self.topics_by_id.get(tid)
             if info is not None:
-                plog = self.logs.pop((info.name, p), None)
-                if plog is not None:
-                    plog.close()
+                self._drop((info.name, p))
 
     def _hw_event_fire(self) -> None:
         self._hw_event.set()
@@ -430,6 +555,7 @@ class Broker:
             await self.collect_wal_garbage()
             for plog in self.logs.values():
                 plog.producers.expire(now_ms, self.config["producer.id.expiration.ms"])
+            await self.refresh_group_lag()
 
     async def apply_retention(self) -> None:
         now_ms = self.now_ms()

@@ -68,6 +68,8 @@ MiB = 1024 * 1024
 
 BROKER_SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("broker.id", -1, _int, "This gateway's node id; -1 picks one (embedded: 1)."),
+    _s("broker.session.timeout.ms", 6000, _int, "Lease of a gateway's registration: after this long without renewal its partitions move.", 1000),
+    _s("replica.lag.time.max.ms", 30_000, _int, "A replica that has not caught up for this long leaves the ISR.", 1),
     _s("num.partitions", 1, _int, "Partitions of an auto-created topic.", 1),
     _s("default.replication.factor", 1, _int, "Replication factor of an auto-created topic.", 1),
     _s("auto.create.topics.enable", True, _bool, "Create a topic when a client asks for its metadata or produces to it."),

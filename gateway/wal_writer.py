@@ -60,6 +60,7 @@ class WalWriter:
         self.flushes = 0
         self.last_flush_seconds = 0.0
         self.last_commit_seconds = 0.0
+        self.metrics = None
 
     async def start(self) -> None:
         """Continue the sequence after every WAL object this gateway id ever wrote,
@@ -124,14 +125,22 @@ class WalWriter:
             put_done = self.clock()
             await self._retry("commit", lambda: self.store.commit_wal(obj, p.epochs))
         except Fenced as e:
+            # Batches queued behind this object carry offsets that follow the failed ones:
+            # committing them would leave a hole, so they fail too.
+            queued, self._pending = self._pending, _Pending()
             log.warning("WAL object %s fenced: %s", key, e)
-            self.on_fenced(list(p.epochs))
-            p.done.set_exception(WalCommitFailed(str(e)))
-            p.done.exception()  # retrieved: not every waiter may still be listening
+            self.on_fenced(list(p.epochs) + list(queued.epochs))
+            for failed in (p, queued):
+                if failed.done is not None:
+                    failed.done.set_exception(WalCommitFailed(str(e)))
+                    failed.done.exception()  # retrieved: not every waiter may still listen
             return
         self.flushes += 1
         self.last_commit_seconds = self.clock() - put_done
         self.last_flush_seconds = self.clock() - started
+        if self.metrics is not None:
+            self.metrics.wal_commit.observe(self.last_commit_seconds)
+            self.metrics.wal_flush.observe(self.last_flush_seconds)
         self.on_committed(p.logs, list(ranges))
         p.done.set_result(None)
 

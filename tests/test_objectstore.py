@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tiering import layout
 from tiering.objectstore import ObjectNotFound, ObjectStoreError, open_store
 from tiering.objectstore.base import ObjectInfo
 from tiering.objectstore.file import FileObjectStore
@@ -361,6 +362,7 @@ class FaultProxy:
         self.policy = policy
         self.requests: list[str] = []
         self._tasks: set[asyncio.Task] = set()
+        self._closing = asyncio.Event()
 
     async def __aenter__(self) -> FaultProxy:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -369,10 +371,8 @@ class FaultProxy:
 
     async def __aexit__(self, *exc) -> None:
         self.server.close()
-        for t in list(self._tasks):
-            t.cancel()
+        self._closing.set()  # releases stalled requests
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -408,7 +408,8 @@ class FaultProxy:
         if action == "drop":
             return
         if action == "stall":
-            await asyncio.sleep(3600)
+            await self._closing.wait()
+            return
         if headers.get("expect", "").lower() == "100-continue":
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         body = await reader.readexactly(int(headers.get("content-length", "0")))
@@ -433,20 +434,23 @@ def retrying_store(bucket: str, endpoint: str, **options) -> S3ObjectStore:
     return open_store(f"s3://{bucket}/p", endpoint_url=endpoint, path_style=True, **options)
 
 
-def test_s3_retries_throttling_and_server_errors(aws_env):
+def test_s3_retries_throttling_server_errors_and_dropped_connections(aws_env):
     bucket = make_bucket(aws_env)
-    faults = {1: 503, 2: 500, 3: 503, 5: 500, 6: "drop", 8: "truncate"}
+    # aiohttp itself resends an idempotent request once when the connection drops, so a
+    # drop reaches the store only when two come in a row (6 and 7).
+    faults = {1: 503, 2: 500, 3: 503, 5: 500, 6: "drop", 7: "drop", 9: "truncate"}
+    payload = b"payload" * 1000
 
     async def scenario():
         async with FaultProxy(aws_env, lambda n, _: faults.get(n)) as proxy:
             store = retrying_store(bucket, proxy.endpoint)
             try:
-                await store.put("k", b"payload" * 1000)  # requests 1-3 fail, 4 succeeds
-                assert store.stats["put"] == 4 and store.stats["retries"] == 3
-                assert await store.get("k", 7, 7000) == (b"payload" * 1000)[7:7000]  # 5, 6 fail, 7 ok
-                assert await store.get("k") == b"payload" * 1000  # 8 cut short, 9 ok
-                assert store.stats["errors"] == 6, (store.stats, len(proxy.requests))
-                assert len(proxy.requests) == 9
+                await store.put("k", payload)  # requests 1-3 fail, 4 succeeds
+                assert (store.stats["put"], store.stats["retries"], store.stats["errors"]) == (4, 3, 3)
+                assert await store.get("k", 7, 7000) == payload[7:7000]  # 5, 6+7 fail, 8 ok
+                assert await store.get("k") == payload  # 9 is cut short, 10 ok
+                assert (store.stats["get"], store.stats["errors"]) == (5, 6)
+                assert len(proxy.requests) == 10
             finally:
                 await store.close()
 
@@ -574,3 +578,92 @@ def test_s3_multipart_part_retry_succeeds(aws_env):
                 await store.close()
 
     asyncio.run(scenario())
+
+
+# -- object names (tiering.layout) -----------------------------------------------------
+
+
+TID = uuid.UUID("0b5f2a64-93c1-4d7e-8a55-1f2e3d4c5b6a")
+
+
+def test_layout_keys_are_exact():
+    assert layout.wal_key(3, 42) == "wal/3/00000000000000000042.wal"
+    assert layout.wal_prefix() == "wal/" and layout.wal_prefix(3) == "wal/3/"
+    base = layout.segment_key_base("orders.v1-eu", TID, 7, 1234, 5, "a1b2c3")
+    assert base == "topics/orders.v1-eu-0b5f2a64-93c1-4d7e-8a55-1f2e3d4c5b6a/7/00000000000000001234-5-a1b2c3"
+    assert (layout.LOG, layout.INDEX, layout.TIMEINDEX) == (".log", ".index", ".timeindex")
+    assert layout.manifest_key("orders.v1-eu", TID, 7, 9) == (
+        "manifests/orders.v1-eu-0b5f2a64-93c1-4d7e-8a55-1f2e3d4c5b6a/7/00000000000000000009.avro"
+    )
+    assert layout.partition_manifest_prefix("orders.v1-eu", TID, 7) == (
+        "manifests/orders.v1-eu-0b5f2a64-93c1-4d7e-8a55-1f2e3d4c5b6a/7/"
+    )
+    assert layout.partition_segment_prefix("orders.v1-eu", TID, 7) == (
+        "topics/orders.v1-eu-0b5f2a64-93c1-4d7e-8a55-1f2e3d4c5b6a/7/"
+    )
+    assert layout.topic_prefixes("orders.v1-eu", TID) == [
+        "topics/orders.v1-eu-0b5f2a64-93c1-4d7e-8a55-1f2e3d4c5b6a/",
+        "manifests/orders.v1-eu-0b5f2a64-93c1-4d7e-8a55-1f2e3d4c5b6a/",
+    ]
+    for ext in ("", ".log", ".index", ".timeindex"):
+        assert layout.parse_segment_key(base + ext) == ("orders.v1-eu", TID, 7, 1234, 5, "a1b2c3", ext)
+    assert layout.parse_wal_key("wal/3/00000000000000000042.wal") == (3, 42)
+    assert layout.parse_manifest_key(layout.manifest_key("t", TID, 0, 12)) == ("t", TID, 0, 12)
+    # zero padding makes key order equal number order
+    keys = [layout.segment_key_base("t", TID, 0, n, 0, "u") for n in (10, 9, 100, 0)]
+    assert sorted(keys) == [layout.segment_key_base("t", TID, 0, n, 0, "u") for n in (0, 9, 10, 100)]
+    assert layout.wal_key(0, 2**63 - 1).startswith("wal/0/09223372036854775807")
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: layout.wal_key(-1, 0),
+        lambda: layout.wal_key(0, -1),
+        lambda: layout.wal_key(0, 10**20),
+        lambda: layout.segment_key_base("bad/topic", TID, 0, 0, 0, "u"),
+        lambda: layout.segment_key_base("..", TID, 0, 0, 0, "u"),
+        lambda: layout.segment_key_base("", TID, 0, 0, 0, "u"),
+        lambda: layout.segment_key_base("t" * 250, TID, 0, 0, 0, "u"),
+        lambda: layout.segment_key_base("t", str(TID), 0, 0, 0, "u"),
+        lambda: layout.segment_key_base("t", TID, -1, 0, 0, "u"),
+        lambda: layout.segment_key_base("t", TID, 0, 0, -1, "u"),
+        lambda: layout.segment_key_base("t", TID, 0, 0, 0, "a-b"),
+        lambda: layout.segment_key_base("t", TID, 0, 0, 0, ""),
+        lambda: layout.segment_key_base("t", TID, True, 0, 0, "u"),
+        lambda: layout.manifest_key("t", TID, 0, -3),
+    ],
+)
+def test_layout_rejects_bad_parts(call):
+    with pytest.raises(ValueError):
+        call()
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "",
+        "topics/",
+        "wal/3/00000000000000000042.wal",
+        "topics/orders/7/00000000000000001234-5-u.log",  # no topic id
+        "topics/orders-0b5f2a64-93c1-4d7e-8a55-1f2e3d4c5b6a/7/1234-5-u.log",  # not padded
+        "topics/orders-0b5f2a64-93c1-4d7e-8a55-1f2e3d4c5b6a/07/00000000000000001234-5-u.log",
+        "topics/orders-0B5F2A64-93C1-4D7E-8A55-1F2E3D4C5B6A/7/00000000000000001234-5-u.log",
+        "topics/orders-0b5f2a64-93c1-4d7e-8a55-1f2e3d4c5b6a/7/00000000000000001234-5-u.txt",
+        "topics/orders-0b5f2a64-93c1-4d7e-8a55-1f2e3d4c5b6a/7/00000000000000001234--5-u.log",
+        "topics/orders-0b5f2a64-93c1-4d7e-8a55-1f2e3d4c5b6a/7/x/00000000000000001234-5-u.log",
+        "topics/-0b5f2a64-93c1-4d7e-8a55-1f2e3d4c5b6a/7/00000000000000001234-5-u.log",
+        "topics/orders-0b5f2a64-93c1-4d7e-8a55-1f2e3d4c5b6a/٣/00000000000000001234-5-u.log",
+    ],
+)
+def test_parse_segment_key_rejects_malformed(key):
+    with pytest.raises(ValueError):
+        layout.parse_segment_key(key)
+
+
+@pytest.mark.parametrize(
+    "key", ["wal/3/42.wal", "wal/x/00000000000000000042.wal", "wal/3/00000000000000000042", "wal/03/00000000000000000042.wal", "wal//00000000000000000042.wal", None]
+)
+def test_parse_wal_key_rejects_malformed(key):
+    with pytest.raises(ValueError):
+        layout.parse_wal_key(key)

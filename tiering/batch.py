@@ -289,7 +289,9 @@ def _read_bytes(data: bytes, pos: int, end: int, what: str) -> tuple[bytes | Non
     return data[pos:pos + length], pos + length
 
 
-def decode_records(batch: bytes | bytearray | memoryview, *, validate_crc: bool = True) -> list[Record]:
+def decode_records(
+    batch: bytes | bytearray | memoryview, *, validate_crc: bool = True
+) -> list[Record]:
     """Decode every record of one whole batch, decompressing as its attributes say."""
     view = _as_bytes_view(batch)
     header = BatchHeader.parse(view)

@@ -67,7 +67,7 @@ class OffsetIndex:
 
     @classmethod
     def from_bytes(cls, base_offset: int, data: bytes | bytearray | memoryview) -> OffsetIndex:
-        """Load an index file; a size that is not whole entries or unordered entries is ValueError."""
+        """Load an index file; partial or unordered entries raise ValueError."""
         if len(data) % cls.ENTRY.size:
             raise ValueError(f"offset index of {len(data)} bytes is not a multiple of 8")
         index = cls(base_offset)

@@ -102,6 +102,11 @@ class RemoteCache:
         for key in [k for k in self._streams if k.startswith(prefix)]:
             del self._streams[key]
 
+    async def wait_prefetches(self) -> None:
+        """Wait until the read-ahead started so far has landed (or failed)."""
+        while self._prefetches:
+            await asyncio.gather(*list(self._prefetches), return_exceptions=True)
+
     async def close(self) -> None:
         """Stop background read-ahead (the store is the caller's to close)."""
         tasks = list(self._prefetches)
@@ -135,31 +140,36 @@ class RemoteCache:
 
     # -- chunks ------------------------------------------------------------------------
 
-    async def _chunk(self, key: str, index: int, size: int) -> bytes:
+    async def _chunk(self, key: str, index: int, size: int, *, ahead: bool = False) -> bytes:
         start = index * self.chunk_bytes
         end = min(start + self.chunk_bytes, size)
 
         async def fetch() -> bytes:
             return await self.store.get(key, start, end)
 
-        data = await self._cached((key, index), fetch)
+        data = await self._cached((key, index), fetch, ahead=ahead)
         if len(data) != end - start:
             raise ObjectStoreError(f"{key}: chunk {index} is {len(data)} bytes, expected {end - start}")
         return data
 
-    async def _cached(self, entry: tuple[str, int], fetch: Callable[[], Awaitable[bytes]]) -> bytes:
+    async def _cached(
+        self, entry: tuple[str, int], fetch: Callable[[], Awaitable[bytes]], *, ahead: bool = False
+    ) -> bytes:
+        """The entry's bytes, from disk or one shared fetch; read-ahead (`ahead`) is not
+        counted as a hit or miss."""
+        counted = 0 if ahead else 1
         if entry in self._lru:
             self._lru.move_to_end(entry)
             data = await asyncio.to_thread(self._read_file, entry, self._lru[entry])
             if data is not None:
-                self.stats["hits"] += 1
+                self.stats["hits"] += counted
                 return data
             self._drop(entry)  # evicted or damaged while we read it: fetch again
         pending = self._inflight.get(entry)
         if pending is not None:
-            self.stats["hits"] += 1  # someone (maybe read-ahead) is already fetching it
+            self.stats["hits"] += counted  # someone (maybe read-ahead) is already fetching it
         else:
-            self.stats["misses"] += 1
+            self.stats["misses"] += counted
             pending = self._start(entry, lambda: self._fetch(entry, fetch))
         return await asyncio.shield(pending)
 
@@ -215,7 +225,7 @@ class RemoteCache:
 
         async def ahead() -> None:
             try:
-                await self._chunk(key, index, size)
+                await self._chunk(key, index, size, ahead=True)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a later read will fetch it and report the failure

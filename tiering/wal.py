@@ -54,7 +54,7 @@ class WalBuilder:
         header   (8 bytes)
           0   magic          4 bytes  b"SLWL"
           4   version        uint16   FORMAT_VERSION
-          6   flags          uint16   0 (reserved)
+          6   flags          uint16   0 (reserved; readers reject anything else)
         body
           one range per (topic id, partition), back to back from byte 8, in the order
           the partitions were first added; a range is that partition's batches
@@ -73,7 +73,7 @@ class WalBuilder:
           8   range count    uint32
           12  footer crc     uint32   CRC-32C of the footer followed by trailer bytes 0..11
           16  version        uint16   FORMAT_VERSION
-          18  flags          uint16   0 (reserved)
+          18  flags          uint16   0 (reserved; readers reject anything else)
           20  magic          4 bytes  b"SLWL"
 
     Invariants: each (topic id, partition) appears once; ranges tile the body exactly
@@ -170,11 +170,11 @@ class WalBuilder:
 def _unpack_trailer(tail: bytes | bytearray | memoryview) -> tuple[int, int, int]:
     if len(tail) < TRAILER_SIZE:
         raise CorruptObject(f"WAL tail of {len(tail)} bytes is shorter than the {TRAILER_SIZE}-byte trailer")
-    footer_position, count, footer_crc, version, _flags, magic = _TRAILER.unpack_from(tail, len(tail) - TRAILER_SIZE)
+    footer_position, count, footer_crc, version, flags, magic = _TRAILER.unpack_from(tail, len(tail) - TRAILER_SIZE)
     if magic != MAGIC:
         raise CorruptObject(f"not a WAL object: trailer magic {bytes(magic)!r}")
-    if version != FORMAT_VERSION:
-        raise CorruptObject(f"unsupported WAL format version {version}")
+    if version != FORMAT_VERSION or flags != 0:
+        raise CorruptObject(f"unsupported WAL format version {version} or flags {flags:#x} in trailer")
     return footer_position, count, footer_crc
 
 
@@ -252,11 +252,11 @@ def read_wal(data: bytes | bytearray | memoryview) -> list[tuple[WalRangeInfo, m
     view = memoryview(data)
     if len(view) < HEADER_SIZE + TRAILER_SIZE:
         raise CorruptObject(f"WAL object of {len(view)} bytes is too short")
-    magic, version, _flags = _HEADER.unpack_from(view, 0)
+    magic, version, flags = _HEADER.unpack_from(view, 0)
     if magic != MAGIC:
         raise CorruptObject(f"not a WAL object: header magic {bytes(magic)!r}")
-    if version != FORMAT_VERSION:
-        raise CorruptObject(f"unsupported WAL format version {version}")
+    if version != FORMAT_VERSION or flags != 0:
+        raise CorruptObject(f"unsupported WAL format version {version} or flags {flags:#x} in header")
     expected = object_size(view)
     if expected != len(view):
         raise CorruptObject(f"WAL object is {len(view)} bytes, its trailer says {expected}")

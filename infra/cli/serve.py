@@ -40,6 +40,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--s3-path-style", action="store_true", help="address buckets by path, not by host")
     p.add_argument("--set", dest="settings", action="append", default=[], type=_setting,
                    metavar="KEY=VALUE", help="any setting, e.g. --set wal.flush.ms=50 (repeatable)")
+    p.add_argument("--http", default="127.0.0.1:9644", metavar="HOST:PORT",
+                   help="metrics, health and admin endpoint (default 127.0.0.1:9644; 'off' disables)")
     p.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
@@ -66,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     options = GatewayOptions(listen=args.listen, advertised=args.advertised, data_dir=args.data_dir,
                              coordinator=args.coordinator, object_store=args.object_store,
                              broker_id=args.broker_id, settings=settings,
-                             store_options=store_options, rack=args.rack)
+                             store_options=store_options, rack=args.rack,
+                             http=None if args.http == "off" else args.http)
     try:
         import uvloop
         runner = uvloop.run

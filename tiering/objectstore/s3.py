@@ -60,6 +60,10 @@ _RETRYABLE_EXCEPTIONS = (
 )
 
 
+def _drop_expect_header(params: dict, **_: Any) -> None:
+    params.get("headers", {}).pop("Expect", None)
+
+
 class S3ObjectStore:
     def __init__(
         self,
@@ -79,6 +83,7 @@ class S3ObjectStore:
         connect_timeout: float = 10.0,
         read_timeout: float = 60.0,
         max_pool_connections: int = 64,
+        min_upload_rate: float = 1 * MiB,
         page_size: int = 1000,
         delete_batch: int = MAX_DELETE_BATCH,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
@@ -113,6 +118,7 @@ class S3ObjectStore:
         self._connect_timeout = connect_timeout
         self._read_timeout = read_timeout
         self._max_pool_connections = max_pool_connections
+        self._min_upload_rate = min_upload_rate
         self._page_size = page_size
         self._delete_batch = delete_batch
         self._sleep = sleep
@@ -143,10 +149,13 @@ class S3ObjectStore:
                         "s3", region_name=self._region, endpoint_url=self._endpoint_url, config=config
                     )
                     try:
-                        self._client = await cm.__aenter__()
+                        client = await cm.__aenter__()
                     except botocore.exceptions.BotoCoreError as exc:
                         raise ObjectStoreError(f"cannot configure S3 client for {self.url}: {exc}") from exc
-                    self._client_cm = cm
+                    # botocore asks for `Expect: 100-continue` on every upload; waiting for
+                    # the 100 costs a round trip and no client timeout covers that wait.
+                    client.meta.events.register_last("before-call.s3", _drop_expect_header)
+                    self._client, self._client_cm = client, cm
         return self._client
 
     def _backoff(self, attempt: int) -> float:
@@ -161,15 +170,23 @@ class S3ObjectStore:
         *,
         missing_key: str | None = None,
         allow: frozenset[str] = frozenset(),
+        upload_bytes: int | None = None,
     ) -> Any:
-        """Run one request with retries. Error codes in `allow` are returned, not raised."""
+        """Run one request with retries. Error codes in `allow` are returned, not raised.
+
+        Uploads get an overall deadline per attempt: aiohttp has no timeout on writing a
+        body to a server that stops reading."""
         client = await self._get_client()
+        deadline = None
+        if upload_bytes is not None:
+            deadline = self._connect_timeout + self._read_timeout + upload_bytes / self._min_upload_rate
         attempt = 0
         while True:
             attempt += 1
             self.stats[stat] += 1
             try:
-                return await request(client)
+                async with asyncio.timeout(deadline):
+                    return await request(client)
             except botocore.exceptions.ClientError as exc:
                 error = exc.response.get("Error", {})
                 code = str(error.get("Code", ""))
@@ -205,7 +222,10 @@ class S3ObjectStore:
             await self._put_multipart(key, full, view)
         else:
             body = bytes(view)
-            await self._call("put", f"put {key}", lambda c: c.put_object(Bucket=self.bucket, Key=full, Body=body))
+            await self._call(
+                "put", f"put {key}", lambda c: c.put_object(Bucket=self.bucket, Key=full, Body=body),
+                upload_bytes=len(body),
+            )
         self.stats["bytes_out"] += view.nbytes
 
     async def _put_multipart(self, key: str, full: str, view: memoryview) -> None:
@@ -225,6 +245,7 @@ class S3ObjectStore:
                     lambda c: c.upload_part(
                         Bucket=self.bucket, Key=full, UploadId=upload_id, PartNumber=number, Body=body
                     ),
+                    upload_bytes=len(body),
                 )
                 return {"PartNumber": number, "ETag": resp["ETag"]}
 
@@ -234,7 +255,10 @@ class S3ObjectStore:
         ]
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            parts = [t.result() for t in tasks]  # raises the first failure
+            for t in tasks:
+                if t.done() and t.exception() is not None:
+                    raise t.exception()
+            parts = [t.result() for t in tasks]
             await self._call(
                 "put", f"complete multipart {key}",
                 lambda c: c.complete_multipart_upload(

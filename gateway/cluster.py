@@ -1,0 +1,237 @@
+"""Gateways as a cluster: registration under a lease, the live set, and the controller.
+
+Every gateway registers `brokers/<id>` under a lease it keeps alive; a gateway that stops
+renewing (killed, paused, partitioned) disappears when the lease ends. One gateway holds
+the leased `controller` key and assigns partition leaders and replicas over the live set:
+
+- a partition whose leader is gone gets a new leader, preferring live in-sync replicas;
+  any live gateway is a clean leader because every committed record is in the object store;
+- every leader change bumps the leader epoch, which fences the old leader's commits;
+- leaders are spread evenly: a gateway that joins takes partitions from the busiest one;
+- the ISR is the live replicas that report being caught up.
+
+The controller only writes partition states; each gateway reads them and takes or drops
+leadership itself (`Broker.sync_leadership`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+import zlib
+from dataclasses import dataclass
+from typing import Callable
+
+from coordinator.model import ClusterStore, Fenced, PartitionState, TopicInfo
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BrokerAddress:
+    node_id: int
+    host: str
+    port: int
+    rack: str | None = None
+
+
+class Membership:
+    """This gateway's leased registration, and the live gateways as last read."""
+
+    def __init__(self, store: ClusterStore, address: BrokerAddress, *, ttl_s: int):
+        self.store = store
+        self.address = address
+        self.ttl_s = ttl_s
+        self.lease: int | None = None
+        self.live: dict[int, BrokerAddress] = {address.node_id: address}
+        self.lagging: set[str] = set()  # "topic_id/partition" this gateway has not caught up on
+        self._registered_lagging: set[str] | None = None
+        self._lagging_by_broker: dict[int, frozenset[str]] = {}
+        self._task: asyncio.Task | None = None
+        self.lost_lease = 0
+
+    async def start(self) -> None:
+        await self._register()
+        await self.refresh()
+        self._task = asyncio.create_task(self._keepalive(), name="lease-keepalive")
+
+    async def _register(self) -> None:
+        self.lease = await self.store.grant_lease(self.ttl_s)
+        await self._put()
+
+    async def _put(self) -> None:
+        a = self.address
+        await self.store.register_broker(a.node_id, a.host, a.port, a.rack, self.lease,
+                                         lagging=sorted(self.lagging))
+        self._registered_lagging = set(self.lagging)
+
+    async def _keepalive(self) -> None:
+        interval = max(self.ttl_s / 3, 0.2)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                if not await self.store.keepalive(self.lease):
+                    # Our lease ended (we were paused or cut off): partitions we led have
+                    # been, or will be, moved with a new epoch; register again as a newcomer.
+                    self.lost_lease += 1
+                    log.warning("gateway lease expired; registering again")
+                    await self._register()
+                elif self.lagging != self._registered_lagging:
+                    await self._put()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - coordinator outage: keep trying
+                log.warning("lease keepalive failed: %s", e)
+
+    async def refresh(self) -> dict[int, BrokerAddress]:
+        live, lagging = {}, {}
+        for node_id, info in (await self.store.brokers()).items():
+            live[node_id] = BrokerAddress(node_id, info["host"], info["port"], info.get("rack"))
+            lagging[node_id] = frozenset(info.get("lagging", ()))
+        self.live, self._lagging_by_broker = live, lagging
+        return live
+
+    def lagging_of(self, node_id: int) -> frozenset[str]:
+        return self._lagging_by_broker.get(node_id, frozenset())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self.lease is not None:
+            try:
+                await self.store.revoke_lease(self.lease)
+            except Exception:  # noqa: BLE001 - it expires on its own
+                pass
+
+
+def place_replicas(live: list[int], count: int, start: int) -> list[int]:
+    """`count` distinct live gateways, starting at index `start` of the sorted live list."""
+    ids = sorted(live)
+    return [ids[(start + i) % len(ids)] for i in range(min(count, len(ids)))]
+
+
+def coordinator_index(key: str, n: int) -> int:
+    """Which of n live gateways coordinates a group: the same answer on every gateway."""
+    return zlib.crc32(key.encode()) % n
+
+
+class Controller:
+    """Runs on every gateway; acts only while it holds the controller key."""
+
+    def __init__(self, store: ClusterStore, membership: Membership, *,
+                 on_change: Callable[[], None] | None = None):
+        self.store = store
+        self.membership = membership
+        self.on_change = on_change
+        self.is_controller = False
+
+    async def run_once(self) -> bool:
+        """One pass; True if it changed any partition state."""
+        me = self.membership.address.node_id
+        holder = await self.store.claim_controller(me, self.membership.lease)
+        self.is_controller = holder == me
+        if not self.is_controller:
+            return False
+        live = sorted(self.membership.live)
+        if not live:
+            return False
+        topics = await self.store.topics()
+        states = await self.store.all_partition_states()
+        changed = False
+        leaders: dict[int, int] = {b: 0 for b in live}
+        plans: list[tuple[TopicInfo, int, PartitionState, PartitionState]] = []
+        for info in sorted(topics.values(), key=lambda t: t.name):
+            for p in range(info.partitions):
+                old = states.get(info.topic_id, {}).get(p)
+                new = self._decide(info, p, old, live)
+                plans.append((info, p, old, new))
+                if new.leader in leaders:
+                    leaders[new.leader] += 1
+        plans = self._balance(plans, leaders)
+        for info, p, old, new in plans:
+            if old is not None and new == old:
+                continue
+            try:
+                await self.store.set_partition_state(info.topic_id, p, new,
+                                                     expect_epoch=None if old is None else old.leader_epoch)
+                changed = True
+                log.info("%s-%d: leader %s -> %d (epoch %d), isr %s", info.name, p,
+                         old.leader if old else None, new.leader, new.leader_epoch, list(new.isr))
+            except (Fenced, ValueError) as e:
+                log.info("%s-%d changed under the controller: %s", info.name, p, e)
+        if changed and self.on_change is not None:
+            self.on_change()
+        return changed
+
+    def _decide(self, info: TopicInfo, p: int, old: PartitionState | None,
+                live: list[int]) -> PartitionState:
+        rf = min(info.replication_factor, len(live))
+        live_set = set(live)
+        epoch = old.leader_epoch if old else -1
+        replicas = [r for r in (old.replicas if old else ()) if r in live_set]
+        for extra in place_replicas(live, len(live), p + zlib.crc32(info.name.encode())):
+            if len(replicas) >= rf:
+                break
+            if extra not in replicas:
+                replicas.append(extra)
+        # Keep dead replicas listed only while there is nobody to replace them.
+        if old is not None:
+            for r in old.replicas:
+                if r not in live_set and len(replicas) < info.replication_factor:
+                    replicas.append(r)
+        key = f"{info.topic_id}/{p}"
+        in_sync = [r for r in replicas if r in live_set and key not in self.membership.lagging_of(r)]
+        leader = old.leader if old else -1
+        if leader not in live_set or leader not in replicas:
+            candidates = in_sync or [r for r in replicas if r in live_set]
+            leader = candidates[0] if candidates else -1
+        if leader >= 0 and leader not in in_sync:
+            in_sync.insert(0, leader)
+        if old is None or leader != old.leader:
+            epoch += 1
+        replicas = [leader] + [r for r in replicas if r != leader] if leader >= 0 else replicas
+        isr = tuple([leader] + [r for r in in_sync if r != leader]) if leader >= 0 else ()
+        return PartitionState(leader, max(epoch, 0), tuple(replicas), isr)
+
+    def _balance(self, plans, leaders: dict[int, int]):
+        """Move at most one leadership per pass from the busiest to the idlest gateway, so a
+        newcomer fills up gradually and clients see one short move at a time."""
+        if len(leaders) < 2:
+            return plans
+        busiest = max(leaders, key=lambda b: (leaders[b], b))
+        idlest = min(leaders, key=lambda b: (leaders[b], b))
+        if leaders[busiest] - leaders[idlest] <= 1:
+            return plans
+        out = []
+        moved = False
+        for info, p, old, new in plans:
+            if not moved and new.leader == busiest:
+                replicas = [idlest] + [r for r in new.replicas if r != idlest]
+                replicas = replicas[:max(info.replication_factor, 1)]
+                if busiest not in replicas and len(replicas) < info.replication_factor:
+                    replicas.append(busiest)
+                isr = tuple(r for r in (idlest, *new.isr) if r in replicas)
+                # _decide already bumped the epoch if it changed the leader itself.
+                bumped = old is None or old.leader != new.leader
+                epoch = new.leader_epoch if bumped else new.leader_epoch + 1
+                new = PartitionState(idlest, epoch, tuple(replicas), tuple(dict.fromkeys(isr)))
+                moved = True
+            out.append((info, p, old, new))
+        return out
+
+
+def new_topic_assignments(live: list[int], partitions: range, replication_factor: int,
+                          name: str) -> dict[int, PartitionState]:
+    """Replica placement for new partitions: round robin over live gateways."""
+    offset = zlib.crc32(name.encode())
+    out = {}
+    for p in partitions:
+        replicas = place_replicas(live, replication_factor, offset + p)
+        out[p] = PartitionState(replicas[0], 0, tuple(replicas), tuple(replicas))
+    return out
+
+
+def topic_key(topic_id: uuid.UUID, partition: int) -> str:
+    return f"{topic_id}/{partition}"

