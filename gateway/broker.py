@@ -28,6 +28,7 @@ from .config import TOPIC_CONFIGS, BrokerConfig, ConfigError, parse_value
 from .errors import KafkaError
 from .groups import GroupCoordinator
 from .partition import PartitionLog
+from .replica import ReplicaView
 from .protocol.error_codes import ErrorCode
 from .wal_writer import WalWriter
 
@@ -65,6 +66,7 @@ class Broker:
         self.states: dict[uuid.UUID, dict[int, PartitionState]] = {}
         self.logs: dict[tuple[str, int], PartitionLog] = {}
         self._becoming: dict[tuple[str, int], asyncio.Task] = {}
+        self.replicas: dict[tuple[str, int], ReplicaView] = {}
         self.membership = Membership(store, self.address, ttl_s=lease_ttl_s)
         self.controller = Controller(store, self.membership)
         self._sync_lock = asyncio.Lock()
@@ -130,6 +132,7 @@ class Broker:
                 await self.membership.refresh()
                 await self.controller.run_once()
                 await self.sync_leadership()
+                await self.tail_replicas()
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - coordinator outage: retried next tick
@@ -160,6 +163,47 @@ class Broker:
             pending = list(self._becoming.values())
         if wait and pending:
             await asyncio.gather(*pending, return_exceptions=True)
+
+    async def tail_replicas(self) -> None:
+        """Keep the partitions we replicate (but do not lead) warm, and report the ones we
+        have not caught up on within replica.lag.time.max.ms, which leaves us out of their ISR."""
+        now = time.monotonic()
+        wanted: dict[tuple[str, int], TopicInfo] = {}
+        for info in self.topics.values():
+            for p, st in self.states.get(info.topic_id, {}).items():
+                if self.node_id in st.replicas and st.leader != self.node_id:
+                    wanted[(info.name, p)] = info
+        for key in list(self.replicas):
+            if key not in wanted or self.replicas[key].topic_id != wanted[key].topic_id:
+                del self.replicas[key]
+        for key, info in wanted.items():
+            view = self.replicas.get(key)
+            if view is None:
+                view = self.replicas[key] = ReplicaView(info.name, info.topic_id, key[1])
+            try:
+                await view.catch_up(self.store, self.cache, now)
+            except Exception as e:  # noqa: BLE001 - stays lagging until the next pass works
+                log.debug("replica %s-%d: catch-up failed: %s", key[0], key[1], e)
+        max_lag = self.config["replica.lag.time.max.ms"] / 1000
+        self.membership.lagging = {f"{v.topic_id}/{v.partition}" for v in self.replicas.values()
+                                   if now - v.caught_up_at > max_lag}
+
+    def replica_view(self, topic: str, partition: int) -> ReplicaView | None:
+        return self.replicas.get((topic, partition))
+
+    def preferred_read_replica(self, topic: str, partition: int, client_rack: str | None) -> int:
+        """KIP-392: an in-sync replica in the client's rack, when the leader is not in it."""
+        if not client_rack or client_rack == self.address.rack:
+            return -1
+        info = self.topics.get(topic)
+        st = self.states.get(info.topic_id, {}).get(partition) if info else None
+        if st is None:
+            return -1
+        live = self.membership.live
+        for r in st.isr:
+            if r != self.node_id and r in live and live[r].rack == client_rack:
+                return r
+        return -1
 
     async def _become_leader(self, info: TopicInfo, partition: int, epoch: int) -> None:
         key = (info.name, partition)
@@ -196,6 +240,7 @@ class Broker:
             task.cancel()
         plog = self.logs.pop(key, None)
         if plog is not None:
+            self.wal.discard(plog.key)
             plog.close()
 
     # ---- lookups used by handlers ------------------------------------------------------

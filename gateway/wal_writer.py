@@ -31,11 +31,24 @@ class WalCommitFailed(Exception):
 
 @dataclass
 class _Pending:
+    """One future WAL object: its batches, and a future per partition that resolves when
+    the object is committed (or fails, for a partition discarded before the flush)."""
+
     builder: WalBuilder = field(default_factory=WalBuilder)
     epochs: dict[tuple[uuid.UUID, int], int] = field(default_factory=dict)
     logs: dict[tuple[uuid.UUID, int], object] = field(default_factory=dict)
-    done: asyncio.Future | None = None
+    done: dict[tuple[uuid.UUID, int], asyncio.Future] = field(default_factory=dict)
     first_add: float = 0.0
+
+    def fail(self, key, exc: Exception) -> None:
+        fut = self.done.pop(key, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(exc)
+            fut.exception()  # retrieved: an acks=1 producer never waits for it
+
+    def fail_all(self, exc: Exception) -> None:
+        for key in list(self.done):
+            self.fail(key, exc)
 
 
 class WalWriter:
@@ -78,23 +91,35 @@ class WalWriter:
             batch: bytes | bytearray) -> asyncio.Future:
         """Queue a patched batch; the future resolves when its WAL object is committed."""
         p = self._pending
-        if p.done is None:
-            p.done = asyncio.get_running_loop().create_future()
+        if not p.done:
             p.first_add = self.clock()
             self._wake.set()
         p.builder.add(plog.topic_id, plog.partition, base_offset, last_offset, max_timestamp, batch)
         p.epochs[plog.key] = plog.leader_epoch
         p.logs[plog.key] = plog
+        fut = p.done.get(plog.key)
+        if fut is None:
+            fut = p.done[plog.key] = asyncio.get_running_loop().create_future()
         if p.builder.size >= self.flush_bytes:
             self._wake.set()
-        return p.done
+        return fut
+
+    def discard(self, key: tuple[uuid.UUID, int]) -> None:
+        """Forget a partition's queued batches: it is no longer ours, so committing them
+        would be fenced and fail every other partition of the same object."""
+        p = self._pending
+        if key in p.epochs:
+            p.builder.discard(*key)
+            del p.epochs[key]
+            del p.logs[key]
+            p.fail(key, WalCommitFailed("leadership moved before the batches were committed"))
 
     async def _run(self) -> None:
         while True:
             await self._wake.wait()
             self._wake.clear()
             p = self._pending
-            if p.done is None:
+            if not p.done:
                 if self._closing:
                     return
                 continue
@@ -112,6 +137,8 @@ class WalWriter:
             await self._flush(p)
 
     async def _flush(self, p: _Pending) -> None:
+        if p.builder.empty:
+            return  # every partition in it was discarded
         started = self.clock()
         data, infos = p.builder.build()
         key = layout.wal_key(self.gateway_id, self.sequence)
@@ -131,9 +158,7 @@ class WalWriter:
             log.warning("WAL object %s fenced: %s", key, e)
             self.on_fenced(list(p.epochs) + list(queued.epochs))
             for failed in (p, queued):
-                if failed.done is not None:
-                    failed.done.set_exception(WalCommitFailed(str(e)))
-                    failed.done.exception()  # retrieved: not every waiter may still listen
+                failed.fail_all(WalCommitFailed(str(e)))
             return
         self.flushes += 1
         self.last_commit_seconds = self.clock() - put_done
@@ -142,7 +167,9 @@ class WalWriter:
             self.metrics.wal_commit.observe(self.last_commit_seconds)
             self.metrics.wal_flush.observe(self.last_flush_seconds)
         self.on_committed(p.logs, list(ranges))
-        p.done.set_result(None)
+        for fut in p.done.values():
+            if not fut.done():
+                fut.set_result(None)
 
     async def _retry(self, what: str, op):
         """Retry until it works: acknowledged data must not be dropped because the store

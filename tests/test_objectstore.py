@@ -10,7 +10,6 @@ import asyncio
 import os
 import socket
 import uuid
-from pathlib import Path
 
 import pytest
 

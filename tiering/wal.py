@@ -126,6 +126,14 @@ class WalBuilder:
             slot[4] += len(data)
         self._size += len(data)
 
+    def discard(self, topic_id: uuid.UUID, partition: int) -> bool:
+        """Drop every pending batch of one partition (its leadership moved before the flush)."""
+        slot = self._ranges.pop((topic_id, partition), None)
+        if slot is None:
+            return False
+        self._size -= slot[4]
+        return True
+
     @property
     def size(self) -> int:
         """Batch bytes pending (the object adds 8 + 64 per partition + 24)."""

@@ -28,6 +28,7 @@ COMMANDS = (
     "infra.cli.consume",
     "infra.cli.groups",
     "infra.cli.segments",
+    "infra.cli.cluster",
 )
 OPTIONAL_COMMANDS = {"infra.cli.serve"}
 

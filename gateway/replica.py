@@ -1,0 +1,75 @@
+"""Warm standby replicas: committed data of partitions this gateway replicates but does
+not lead, tailed from the object store into the local cache.
+
+A replica never writes. It follows the coordinator's view of the partition (sealed
+segments, committed WAL ranges, high watermark), reads what is new through the cache so a
+failover or a follower fetch finds it warm, and serves fetches from consumers in its rack
+(KIP-392) up to the committed high watermark.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from coordinator.model import ClusterStore, SegmentEntry, WalRange
+from tiering.batch import scan_batches
+from tiering.remote import RemoteCache
+
+from .partition import read_sealed, trim_batches
+
+
+class ReplicaView:
+    def __init__(self, topic: str, topic_id: uuid.UUID, partition: int):
+        self.topic = topic
+        self.topic_id = topic_id
+        self.partition = partition
+        self.log_start_offset = 0
+        self.high_watermark = 0
+        self.sealed: list[SegmentEntry] = []
+        self.wal: list[tuple[str, WalRange]] = []
+        self.caught_up_at = float("-inf")  # monotonic seconds of the last complete catch-up
+        self._warmed: set[tuple[str, int]] = set()
+
+    async def catch_up(self, store: ClusterStore, cache: RemoteCache, now: float) -> None:
+        """Read everything committed so far into the cache."""
+        state = await store.log_state(self.topic_id, self.partition)
+        sealed = await store.segments(self.topic_id, self.partition)
+        start = sealed[-1].last_offset + 1 if sealed else state.log_start_offset
+        wal = await store.wal_ranges(self.topic_id, self.partition, start)
+        for key, r in wal:
+            if (key, r.position) not in self._warmed:
+                await cache.read(key, r.position, r.position + r.length)
+                self._warmed.add((key, r.position))
+        live = {(k, r.position) for k, r in wal}
+        self._warmed &= live
+        self.sealed, self.wal = sealed, wal
+        self.log_start_offset = state.log_start_offset
+        self.high_watermark = state.high_watermark
+        self.caught_up_at = now
+
+    async def read(self, offset: int, max_bytes: int, cache: RemoteCache) -> bytes:
+        """Committed batches from the one holding `offset`, as a leader would serve them."""
+        if offset >= self.high_watermark or offset < self.log_start_offset:
+            return b""
+        for key, r in self.wal:
+            if r.base_offset <= offset <= r.last_offset:
+                data = await cache.read(key, r.position, r.position + r.length)
+                return _limit(trim_batches(data, offset, self.high_watermark), max_bytes)
+        for entry in self.sealed:
+            if entry.last_offset >= offset:
+                data = await read_sealed(cache, entry, max(offset, entry.base_offset), max_bytes)
+                return trim_batches(data, offset, self.high_watermark)
+        return b""
+
+
+def _limit(data: bytes, max_bytes: int) -> bytes:
+    """At least one whole batch, then whole batches while they fit in max_bytes."""
+    if len(data) <= max_bytes:
+        return data
+    batches, _ = scan_batches(data)
+    end = 0
+    for pos, h in batches:
+        if end and pos + h.size > max_bytes:
+            break
+        end = pos + h.size
+    return data[:end]
