@@ -22,7 +22,7 @@ from .protocol.wire import DecodeError
 
 log = logging.getLogger(__name__)
 
-MAX_IN_FLIGHT = 64  # responses a connection may have pending before we stop reading
+MAX_IN_FLIGHT = 4096  # responses a connection may have pending before we stop reading
 
 
 class Deferred:

@@ -282,6 +282,9 @@ class ClusterPlan:
     def check_ports_free(self) -> None:
         for port, what in self.ports():
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                # As the servers themselves do: a port left in TIME_WAIT by the previous run
+                # is free; only a live listener makes bind() fail.
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
                     s.bind((LOOPBACK, port))
                 except OSError as e:

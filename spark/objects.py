@@ -1,0 +1,281 @@
+"""Blocking object-store access for Spark: ranged reads, listings, whole-object writes.
+
+Spark runs `read()` in short-lived Python workers, where an event loop per call would only
+cost time, so this module talks to the store synchronously: `os.pread` for `file://`,
+boto3 for `s3://` (imported on first use, so planning a `file://` read never loads it).
+Keys are the ones `tiering.layout` builds, relative to the store's root or prefix.
+
+Every ranged read is appended to the file named by the environment variable
+`STRATALOG_READ_TRACE`, when it is set, as one line ``GET <key> <start> <end>``: operators
+use it to see what a query fetched, and the tests use it to check that pushdown skips
+segments and byte ranges.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from tiering.objectstore.base import ObjectInfo, ObjectNotFound, ObjectStoreError, check_key
+from tiering.objectstore.file import TMP_PREFIX
+
+TRACE_ENV = "STRATALOG_READ_TRACE"
+
+__all__ = ["StoreSpec", "ObjectNotFound", "ObjectStoreError", "ObjectInfo", "TRACE_ENV"]
+
+
+def _trace(key: str, start: int, end: int) -> None:
+    path = os.environ.get(TRACE_ENV)
+    if not path:
+        return
+    # One write(2) with O_APPEND per line, so concurrent workers never interleave.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"GET {key} {start} {end}\n".encode())
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """Where the objects are: a picklable description that executors reopen.
+
+    Parameters
+    ----------
+    url : str
+        ``file:///absolute/dir`` or ``s3://bucket[/prefix]``.
+    endpoint, region : str, optional
+        S3 endpoint URL and region; the standard AWS configuration otherwise.
+    path_style : bool, optional
+        Address S3 buckets by path (MinIO, moto) rather than by host name.
+
+    Examples
+    --------
+    >>> spec = StoreSpec("file:///tmp/objects")
+    >>> spec.open().list("manifests/")  # doctest: +SKIP
+    """
+
+    url: str
+    endpoint: str | None = None
+    region: str | None = None
+    path_style: bool | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.url, str) or "://" not in self.url:
+            raise ValueError(f"object store URL must be file:///path or s3://bucket/prefix, got {self.url!r}")
+        parts = urlsplit(self.url)
+        if parts.scheme == "file":
+            if parts.netloc not in ("", "localhost") or not unquote(parts.path).startswith("/"):
+                raise ValueError(f"file URL must be file:///absolute/path, got {self.url!r}")
+        elif parts.scheme == "s3":
+            if not parts.netloc or "@" in parts.netloc or ":" in parts.netloc:
+                raise ValueError(f"s3 URL must be s3://bucket/prefix, got {self.url!r}")
+        else:
+            raise ValueError(f"unknown object store scheme {parts.scheme!r} in {self.url!r}; "
+                             "expected file or s3")
+        if parts.query or parts.fragment:
+            raise ValueError(f"object store URL takes no query or fragment: {self.url!r}")
+
+    def open(self) -> "FileStore | S3Store":
+        """A blocking client for this store."""
+        parts = urlsplit(self.url)
+        if parts.scheme == "file":
+            return FileStore(Path(unquote(parts.path)))
+        return S3Store(parts.netloc, unquote(parts.path).strip("/"), self)
+
+    def async_options(self) -> dict:
+        """Options for `tiering.objectstore.open_store` naming the same store."""
+        if urlsplit(self.url).scheme != "s3":
+            return {}
+        options = {}
+        if self.endpoint:
+            options["endpoint_url"] = self.endpoint
+        if self.region:
+            options["region"] = self.region
+        if self.path_style is not None:
+            options["path_style"] = self.path_style
+        return options
+
+
+class FileStore:
+    """`file://` objects: the key ``a/b`` is the file ``<root>/a/b``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _path(self, key: str) -> Path:
+        return self.root.joinpath(*check_key(key).split("/"))
+
+    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        """Bytes [start, end) of an object, clamped to its size; ObjectNotFound if absent."""
+        try:
+            fd = os.open(self._path(key), os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise ObjectNotFound(key) from None
+        try:
+            size = os.fstat(fd).st_size
+            stop = size if end is None else min(end, size)
+            if start >= stop:
+                return b""
+            _trace(key, start, stop)
+            data = os.pread(fd, stop - start, start)
+        except OSError as exc:
+            raise ObjectStoreError(f"reading {key} under {self.root}: {exc}") from exc
+        finally:
+            os.close(fd)
+        if len(data) != stop - start:
+            raise ObjectStoreError(f"short read of {key}: {len(data)} of {stop - start} bytes")
+        return data
+
+    def size(self, key: str) -> int:
+        """Size of an object in bytes; ObjectNotFound if absent."""
+        try:
+            return os.stat(self._path(key)).st_size
+        except (FileNotFoundError, NotADirectoryError):
+            raise ObjectNotFound(key) from None
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        """Objects whose key starts with `prefix`, sorted by key."""
+        directory = prefix.rpartition("/")[0]
+        base = self.root.joinpath(*check_key(directory).split("/")) if directory else self.root
+        found = []
+        for dirpath, dirnames, filenames in os.walk(base):
+            rel = os.path.relpath(dirpath, self.root)
+            rel = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+            dirnames[:] = [d for d in dirnames
+                           if (rel + d + "/").startswith(prefix) or prefix.startswith(rel + d + "/")]
+            for name in filenames:
+                key = rel + name
+                if name.startswith(TMP_PREFIX) or not key.startswith(prefix):
+                    continue
+                try:
+                    found.append(ObjectInfo(key, os.stat(os.path.join(dirpath, name)).st_size))
+                except FileNotFoundError:  # deleted while we listed
+                    continue
+        found.sort(key=lambda info: info.key)
+        return found
+
+    def put_file(self, key: str, source: Path) -> None:
+        """Copy a local file in as an object, atomically (temp file, fsync, rename)."""
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as out, open(source, "rb") as src:
+                while chunk := src.read(8 << 20):
+                    out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def delete(self, keys: list[str]) -> None:
+        """Remove objects; absent keys are ignored."""
+        for key in keys:
+            self._path(key).unlink(missing_ok=True)
+
+
+class S3Store:
+    """`s3://bucket/prefix` objects through boto3 (standard retry mode)."""
+
+    def __init__(self, bucket: str, prefix: str, spec: StoreSpec) -> None:
+        import boto3
+        from botocore.config import Config
+
+        self.bucket = bucket
+        self.prefix = f"{prefix}/" if prefix else ""
+        s3 = {"addressing_style": "path" if spec.path_style else "virtual"} if spec.path_style is not None else None
+        config = Config(retries={"mode": "standard", "max_attempts": 6}, s3=s3,
+                        max_pool_connections=32)
+        region = spec.region or os.environ.get("AWS_REGION") or None
+        self._client = boto3.session.Session().client(
+            "s3", endpoint_url=spec.endpoint, region_name=region, config=config)
+
+    def _errors(self):
+        import botocore.exceptions
+
+        return botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError
+
+    def _not_found(self, exc) -> bool:
+        code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
+        return code in ("NoSuchKey", "404", "NotFound")
+
+    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        """Bytes [start, end) of an object, clamped to its size; ObjectNotFound if absent."""
+        if end is not None and end <= start:
+            return b""
+        check_key(key)
+        wanted = f"bytes={start}-" if end is None else f"bytes={start}-{end - 1}"
+        client_error, core_error = self._errors()
+        try:
+            response = self._client.get_object(Bucket=self.bucket, Key=self.prefix + key, Range=wanted)
+            data = response["Body"].read()
+        except client_error as exc:
+            if self._not_found(exc):
+                raise ObjectNotFound(key) from None
+            if exc.response.get("Error", {}).get("Code") == "InvalidRange":
+                return b""  # start at or past the end of the object
+            raise ObjectStoreError(f"GET s3://{self.bucket}/{self.prefix}{key}: {exc}") from exc
+        except core_error as exc:
+            raise ObjectStoreError(f"GET s3://{self.bucket}/{self.prefix}{key}: {exc}") from exc
+        _trace(key, start, start + len(data))
+        if end is not None and len(data) > end - start:
+            raise ObjectStoreError(f"GET {key} returned {len(data)} bytes for a range of {end - start}")
+        return data
+
+    def size(self, key: str) -> int:
+        """Size of an object in bytes; ObjectNotFound if absent."""
+        client_error, core_error = self._errors()
+        try:
+            return self._client.head_object(Bucket=self.bucket, Key=self.prefix + check_key(key))["ContentLength"]
+        except client_error as exc:
+            if self._not_found(exc):
+                raise ObjectNotFound(key) from None
+            raise ObjectStoreError(f"HEAD {key}: {exc}") from exc
+        except core_error as exc:
+            raise ObjectStoreError(f"HEAD {key}: {exc}") from exc
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        """Objects whose key starts with `prefix`, sorted by key."""
+        client_error, core_error = self._errors()
+        found = []
+        try:
+            pages = self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self.prefix + prefix)
+            for page in pages:
+                for item in page.get("Contents", ()):
+                    found.append(ObjectInfo(item["Key"][len(self.prefix):], item["Size"]))
+        except (client_error, core_error) as exc:
+            raise ObjectStoreError(f"LIST s3://{self.bucket}/{self.prefix}{prefix}: {exc}") from exc
+        found.sort(key=lambda info: info.key)
+        return found
+
+    def put_file(self, key: str, source: Path) -> None:
+        """Upload a local file as an object (multipart when large)."""
+        client_error, core_error = self._errors()
+        try:
+            self._client.upload_file(str(source), self.bucket, self.prefix + check_key(key))
+        except (client_error, core_error) as exc:
+            raise ObjectStoreError(f"PUT {key}: {exc}") from exc
+        except Exception as exc:  # boto3's transfer manager wraps failures in its own types
+            raise ObjectStoreError(f"PUT {key}: {exc}") from exc
+
+    def delete(self, keys: list[str]) -> None:
+        """Remove objects; absent keys are ignored."""
+        client_error, core_error = self._errors()
+        for start in range(0, len(keys), 1000):
+            batch = [{"Key": self.prefix + check_key(k)} for k in keys[start:start + 1000]]
+            try:
+                response = self._client.delete_objects(Bucket=self.bucket,
+                                                       Delete={"Objects": batch, "Quiet": True})
+            except (client_error, core_error) as exc:
+                raise ObjectStoreError(f"DELETE under s3://{self.bucket}/{self.prefix}: {exc}") from exc
+            if response.get("Errors"):
+                first = response["Errors"][0]
+                raise ObjectStoreError(f"DELETE {first.get('Key')}: {first.get('Message')}")

@@ -1,0 +1,199 @@
+"""Reader options, parsed once on the driver into plain values.
+
+Names follow Spark's Kafka source where it has the option:
+
+    topic               required
+    path                the object store URL (``load(URL)``): file:///dir or s3://bucket/prefix
+    endpoint, region    S3 endpoint URL and region (default: the AWS configuration)
+    pathStyle           true: address S3 buckets by path (MinIO, moto)
+    startingOffsets     "earliest" (batch default), "latest" (stream default) or JSON
+                        {"<topic>": {"<partition>": offset}} with -2 = earliest, -1 = latest
+    endingOffsets       "latest" (default) or JSON as above; exclusive; batch only
+    startingTimestamp   ms since the epoch, or JSON {"<topic>": {"<partition>": ms}}: start at
+                        the first record whose timestamp is >= it (Kafka's offsetsForTimes)
+    endingTimestamp     same form: end before the first record whose timestamp is >= it
+    coordinator         etcd://host:port: plan from live coordinator metadata, not manifests
+    topicId             pick one topic id when old incarnations of the topic remain
+    failOnDataLoss      true (default): fail when planned data is gone (retention ran)
+    maxBytesPerPartition  split larger segments into byte ranges (default 128 MiB)
+    readChunkBytes      size of each ranged GET (default 8 MiB)
+    maxOffsetsPerTrigger  stream: cap on records per micro-batch, spread over partitions
+
+Only sealed segments are visible: records still in a gateway's active segment appear once
+it seals (within `segment.ms`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from spark.objects import StoreSpec
+
+EARLIEST = -2
+LATEST = -1
+
+_TRUE = ("true", "1", "yes")
+_FALSE = ("false", "0", "no")
+
+
+class OptionError(ValueError):
+    """An option is missing or does not parse; the message names it."""
+
+
+@dataclass(frozen=True)
+class OffsetSpec:
+    """Per-partition offsets (or EARLIEST/LATEST), with a default for unlisted partitions."""
+
+    default: int
+    partitions: dict[int, int] = field(default_factory=dict)
+
+    def for_partition(self, partition: int) -> int:
+        return self.partitions.get(partition, self.default)
+
+
+@dataclass(frozen=True)
+class TimestampSpec:
+    """One timestamp (ms) for every partition, or one per listed partition."""
+
+    every: int | None = None
+    partitions: dict[int, int] = field(default_factory=dict)
+
+    def for_partition(self, partition: int) -> int | None:
+        return self.partitions.get(partition, self.every)
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    topic: str
+    store: StoreSpec
+    starting: OffsetSpec
+    ending: OffsetSpec
+    starting_timestamp: TimestampSpec | None
+    ending_timestamp: TimestampSpec | None
+    coordinator: str | None
+    topic_id: str | None
+    fail_on_data_loss: bool
+    max_bytes_per_partition: int
+    read_chunk_bytes: int
+    max_offsets_per_trigger: int | None
+
+
+def _bool(options: Mapping[str, str], name: str, default: bool | None) -> bool | None:
+    raw = options.get(name)
+    if raw is None:
+        return default
+    text = str(raw).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise OptionError(f"option {name} must be true or false, got {raw!r}")
+
+
+def _positive(options: Mapping[str, str], name: str, default: int | None) -> int | None:
+    raw = options.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise OptionError(f"option {name} must be a whole number, got {raw!r}") from None
+    if value <= 0:
+        raise OptionError(f"option {name} must be positive, got {value}")
+    return value
+
+
+def _per_partition_json(name: str, raw: str, topic: str) -> dict[int, int]:
+    try:
+        doc = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise OptionError(f"option {name} is neither a keyword nor JSON: {exc}") from None
+    if not isinstance(doc, dict) or set(doc) != {topic} or not isinstance(doc[topic], dict):
+        raise OptionError(f'option {name} must look like {{"{topic}": {{"0": 42}}}}, got {raw!r}')
+    out = {}
+    for key, value in doc[topic].items():
+        if not (isinstance(key, str) and key.isdigit()) or isinstance(value, bool) or not isinstance(value, int):
+            raise OptionError(f"option {name}: partition {key!r} -> {value!r} is not a partition "
+                              "number with an integer")
+        out[int(key)] = value
+    return out
+
+
+def parse_offsets(name: str, raw: str | None, topic: str, default: int) -> OffsetSpec:
+    """`earliest`, `latest` or per-partition JSON (-2 earliest, -1 latest)."""
+    if raw is None:
+        return OffsetSpec(default)
+    text = str(raw).strip()
+    if text.lower() == "earliest":
+        return OffsetSpec(EARLIEST)
+    if text.lower() == "latest":
+        return OffsetSpec(LATEST)
+    partitions = _per_partition_json(name, text, topic)
+    for p, value in partitions.items():
+        if value < EARLIEST:
+            raise OptionError(f"option {name}: offset {value} of partition {p} is below -2")
+    return OffsetSpec(default, partitions)
+
+
+def parse_timestamp(name: str, raw: str | None, topic: str) -> TimestampSpec | None:
+    """Milliseconds since the epoch, or per-partition JSON of them."""
+    if raw is None:
+        return None
+    text = str(raw).strip()
+    if text.lstrip("-").isdigit():
+        value = int(text)
+        if value < 0:
+            raise OptionError(f"option {name} must not be negative, got {value}")
+        return TimestampSpec(every=value)
+    partitions = _per_partition_json(name, text, topic)
+    if any(v < 0 for v in partitions.values()):
+        raise OptionError(f"option {name}: timestamps must not be negative")
+    return TimestampSpec(partitions=partitions)
+
+
+def parse_options(options: Mapping[str, str], *, streaming: bool = False) -> ReadOptions:
+    """Check and convert the options of one read; OptionError names the bad one.
+
+    Examples
+    --------
+    >>> opts = parse_options({"topic": "t", "path": "file:///tmp/objects"})
+    >>> opts.starting.default, opts.ending.default
+    (-2, -1)
+    """
+    topic = options.get("topic")
+    if not topic:
+        raise OptionError('option topic is required: .option("topic", "<name>")')
+    url = options.get("path")
+    if not url:
+        raise OptionError("no object store URL: .load(\"s3://bucket/prefix\") or .load(\"file:///dir\")")
+    try:
+        store = StoreSpec(url, endpoint=options.get("endpoint") or None,
+                          region=options.get("region") or None,
+                          path_style=_bool(options, "pathStyle", None))
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+    starting = parse_offsets("startingOffsets", options.get("startingOffsets"), topic,
+                             LATEST if streaming else EARLIEST)
+    ending = parse_offsets("endingOffsets", options.get("endingOffsets"), topic, LATEST)
+    if streaming and options.get("endingOffsets") is not None:
+        raise OptionError("option endingOffsets is for batch reads only")
+    if not streaming and (starting.default == LATEST or LATEST in starting.partitions.values()):
+        raise OptionError("startingOffsets latest is for streams; a batch read would be empty")
+    if EARLIEST in ending.partitions.values() or ending.default == EARLIEST:
+        raise OptionError("endingOffsets earliest would read nothing")
+    return ReadOptions(
+        topic=topic,
+        store=store,
+        starting=starting,
+        ending=ending,
+        starting_timestamp=parse_timestamp("startingTimestamp", options.get("startingTimestamp"), topic),
+        ending_timestamp=parse_timestamp("endingTimestamp", options.get("endingTimestamp"), topic),
+        coordinator=options.get("coordinator") or None,
+        topic_id=options.get("topicId") or None,
+        fail_on_data_loss=_bool(options, "failOnDataLoss", True),
+        max_bytes_per_partition=_positive(options, "maxBytesPerPartition", 128 << 20),
+        read_chunk_bytes=_positive(options, "readChunkBytes", 8 << 20),
+        max_offsets_per_trigger=_positive(options, "maxOffsetsPerTrigger", None),
+    )

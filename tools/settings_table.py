@@ -1,0 +1,23 @@
+"""Print the README's settings table from gateway.config: `python tools/settings_table.py`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gateway.config import BROKER_SETTINGS, TOPIC_CONFIGS  # noqa: E402
+
+
+def render() -> str:
+    topic_of = {b: t for t, b in TOPIC_CONFIGS.items()}
+    rows = ["| setting | default | topic config | meaning |", "| --- | --- | --- | --- |"]
+    for name, s in BROKER_SETTINGS.items():
+        default = str(s.default).lower() if isinstance(s.default, bool) else s.default
+        rows.append(f"| `{name}` | `{default}` | {('`' + topic_of[name] + '`') if name in topic_of else ''} | {s.doc} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(render())
