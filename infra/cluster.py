@@ -325,7 +325,10 @@ class DirectoryLock:
         self.release()
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise ClusterError(f"cannot lock {self.path}: {e.strerror or e}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -384,7 +387,10 @@ class ClusterLauncher:
     # The whole start: any failure (or Ctrl-C) stops what already runs, then re-raises.
     def start(self) -> ClusterState:
         self.plan.validate()
-        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ClusterError(f"cannot use {self.dir} as the cluster directory: {e.strerror or e}") from None
         self._lock.acquire()
         try:
             self._check_no_cluster()
@@ -428,7 +434,7 @@ class ClusterLauncher:
             stop_cluster(self.state, self.children, timeout_s, self.clock, self.sleep)
         self._lock.release()
 
-    def watch(self) -> None:
+    def watch(self, report: Callable[[str], None]) -> None:
         """Foreground: report processes that exit; return when all have (Ctrl-C ends it sooner)."""
         assert self.state is not None
         reported: set[str] = set()
@@ -436,7 +442,7 @@ class ClusterLauncher:
             for rec in self.state.processes:
                 if rec.name not in reported and self.children[rec.name].poll() is not None:
                     reported.add(rec.name)
-                    self.progress(f"{rec.name} exited with status {self.children[rec.name].returncode}: "
+                    report(f"{rec.name} exited with status {self.children[rec.name].returncode}: "
                                   f"{log_tail(rec.log, lines=1)} (log: {rec.log})")
             if len(reported) == len(self.state.processes):
                 return

@@ -281,3 +281,22 @@ def plan(snapshot: TopicSnapshot, options: ReadOptions, bounds: Bounds, store=No
         start, end = resolve_range(snap, options, fail_on_data_loss=options.fail_on_data_loss)
         slices.extend(plan_partition(snap, snapshot.topic, start, end, bounds, options, store))
     return slices
+
+
+def first_offset_at(snap: PartitionSnapshot, options: ReadOptions, ts: int, store) -> int:
+    """Offset of the partition's first sealed record with timestamp >= `ts` (Kafka's
+    offsetsForTimes), or the end of its sealed data when there is none."""
+    from spark.reading import read_slice
+
+    for seg in snap.segments:
+        if seg.max_timestamp < ts or seg.last_offset < snap.start:
+            continue
+        probe = SegmentSlice(
+            topic=options.topic, partition=snap.partition, key_base=seg.key_base,
+            base_offset=seg.base_offset, last_offset=seg.last_offset, size=seg.size,
+            min_timestamp=seg.min_timestamp, start_offset=max(snap.start, seg.base_offset),
+            end_offset=seg.last_offset + 1, seek_ts=ts,
+            fail_on_data_loss=options.fail_on_data_loss, chunk_bytes=1 << 20)
+        for batch in read_slice(probe, options.store, store):
+            return batch.column("offset")[0].as_py()
+    return snap.sealed_end

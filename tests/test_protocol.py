@@ -130,7 +130,7 @@ def test_fixed_width(method, value, hexed):
     assert write(method, value) == h(hexed)
     assert read_all(h(hexed), method) == value
     with pytest.raises(DecodeError):
-        Reader(h(hexed)[:-1]).__getattribute__(method)()
+        getattr(Reader(h(hexed)[:-1]), method)()
 
 
 def test_bool_reads_any_nonzero_as_true():
@@ -189,7 +189,7 @@ def test_records_stay_a_view_of_the_buffer():
 ])
 def test_null_where_not_nullable(method, hexed):
     with pytest.raises(DecodeError, match="invalid length"):
-        Reader(h(hexed)).__getattribute__(method)(False)
+        getattr(Reader(h(hexed)), method)(False)
 
 
 @pytest.mark.parametrize("method,hexed", [
@@ -198,7 +198,7 @@ def test_null_where_not_nullable(method, hexed):
 def test_negative_lengths_other_than_null(method, hexed):
     args = (False,) if method == "records" else (True,)
     with pytest.raises(DecodeError):
-        Reader(h(hexed)).__getattribute__(method)(*args)
+        getattr(Reader(h(hexed)), method)(*args)
 
 
 def test_invalid_utf8_is_a_decode_error():
@@ -358,7 +358,8 @@ def test_request_header_v1_vs_v2():
     # v2 keeps client_id a classic string and appends an empty tagged-field buffer.
     assert v9[4:16] == h("00 03 | 00 09 | 00 00 00 01 | 00 01 63 | 00")
     assert encode_request(3, 8, 1, {}, client_id=None)[12:14] == h("ff ff")
-    assert decode_request(encode_request(3, 9, 1, {}, client_id=None)[4:], ALL_VERSIONS).client_id is None
+    anonymous = encode_request(3, 9, 1, {}, client_id=None)[4:]
+    assert decode_request(anonymous, ALL_VERSIONS).client_id is None
 
 
 def test_response_header_v0_vs_v1():

@@ -181,25 +181,38 @@ def test_random_bytes_to_each_schema(sv, data):
 
 # ---- (c) mutated valid requests are refused or decode to a message -------------------------
 
+def mutate(draw, data: bytes) -> bytes:
+    """One to four flips, insertions, deletions or truncations."""
+    buf = bytearray(data)
+    for _ in range(draw(st.integers(1, 4))):
+        i = draw(st.integers(0, len(buf)))
+        op = draw(st.sampled_from(["flip", "insert", "delete", "truncate"]))
+        if op == "flip" and i < len(buf):
+            buf[i] ^= draw(st.integers(1, 255))
+        elif op == "insert":
+            buf[i:i] = draw(st.binary(min_size=1, max_size=6))
+        elif op == "delete":
+            del buf[i:i + draw(st.integers(1, 6))]
+        else:
+            del buf[i:]
+    return bytes(buf)
+
+
 @st.composite
 def mutated_frame(draw):
     api_key = draw(st.sampled_from(sorted(APIS)))
     schema = APIS[api_key][1]
     version = draw(st.integers(schema.vmin, schema.vmax))
     body = draw(message_strategy(schema.fields, version, schema.flexible(version)))
-    frame = bytearray(encode_request(api_key, version, 1, body)[4:])
-    for _ in range(draw(st.integers(1, 4))):
-        i = draw(st.integers(0, len(frame)))
-        op = draw(st.sampled_from(["flip", "insert", "delete", "truncate"]))
-        if op == "flip" and i < len(frame):
-            frame[i] ^= draw(st.integers(1, 255))
-        elif op == "insert":
-            frame[i:i] = draw(st.binary(min_size=1, max_size=6))
-        elif op == "delete":
-            del frame[i:i + draw(st.integers(1, 6))]
-        else:
-            del frame[i:]
-    return bytes(frame)
+    return mutate(draw, encode_request(api_key, version, 1, body)[4:])
+
+
+@st.composite
+def mutated_body(draw):
+    # Responses are here too: they carry most of the tagged fields.
+    schema, version = draw(schema_version())
+    msg = draw(message_strategy(schema.fields, version, schema.flexible(version)))
+    return schema, version, mutate(draw, schema.to_bytes(msg, version))
 
 
 @FUZZ
@@ -212,3 +225,13 @@ def test_mutated_requests(frame):
     again = encode_request(req.api_key, req.api_version, req.correlation_id, req.body,
                            client_id=req.client_id)
     assert decode_request(again[4:], ALL_VERSIONS).body == req.body
+
+
+@FUZZ
+@given(case=mutated_body())
+def test_mutated_bodies(case):
+    schema, version, data = case
+    msg = decode_or_refuse(schema.from_bytes, data, version)
+    if msg is None:
+        return
+    assert schema.from_bytes(schema.to_bytes(msg, version), version) == msg

@@ -310,18 +310,25 @@ def test_local_example_applies_against_moto(tf_tree, tf_env, moto_url):
         "-var", f"access_key={DUMMY_KEY}",
         "-var", f"secret_key={DUMMY_KEY}",
     ]  # fmt: skip
+    # The endpoint speaks plain HTTP, so the example leaves the TLS-only policy off unless asked;
+    # ask first, to check the policy the AWS deployment gets.
+    tls_only = [*endpoint_vars, "-var", "enforce_tls=true"]
 
-    _tf(["apply", "-auto-approve", "-no-color", *endpoint_vars], cwd, env)
+    _tf(["apply", "-auto-approve", "-no-color", *tls_only], cwd, env)
     outputs = _outputs(cwd, env)
     bucket, prefix = outputs["s3_bucket_id"], "dev"
     assert outputs["object_store_url"] == f"s3://{bucket}/{prefix}"
     assert outputs["s3_endpoint_url"] == moto_url
 
     # A second plan finds nothing to change: the modules are stable against what S3 and IAM return.
-    _tf(["plan", "-detailed-exitcode", "-no-color", *endpoint_vars], cwd, env)
+    _tf(["plan", "-detailed-exitcode", "-no-color", *tls_only], cwd, env)
 
     s3, iam = _client("s3", moto_url), _client("iam", moto_url)
     _check_bucket(s3, bucket, prefix)
+    with pytest.raises(ClientError) as denied:  # the policy bites: no object access over plain HTTP
+        s3.put_object(Bucket=bucket, Key=f"{prefix}/wal/0/1.wal", Body=b"x")
+    assert denied.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+
     gateway_role = outputs["iam_gateway_role_arn"].rsplit("/", 1)[1]
     reader_role = outputs["iam_reader_role_arn"].rsplit("/", 1)[1]
     _check_role(
@@ -333,9 +340,16 @@ def test_local_example_applies_against_moto(tf_tree, tf_env, moto_url):
     )
     _check_role(iam, reader_role, bucket, prefix, {"s3:GetObject"})
 
+    # Back to the example's default for an http endpoint: the policy goes, everything else stays.
+    _tf(["apply", "-auto-approve", "-no-color", *endpoint_vars], cwd, env)
+    with pytest.raises(ClientError) as no_policy:
+        s3.get_bucket_policy(Bucket=bucket)
+    assert no_policy.value.response["Error"]["Code"] == "NoSuchBucketPolicy"
+    s3.head_bucket(Bucket=bucket)
+
     # Marker step for the lead: a gateway against the outputs (see run_gateway_against's TODO).
-    run_gateway_against(outputs, env)
-    # Whatever the gateway step left behind, destroy must still succeed (force_destroy in the example).
+    run_gateway_against(_outputs(cwd, env), env)
+    # Whatever a gateway leaves behind, destroy must still succeed (force_destroy in the example).
     s3.put_object(Bucket=bucket, Key=f"{prefix}/topics/orders-x/0/00000000000000000000-0-a.log", Body=b"x")
 
     _tf(["destroy", "-auto-approve", "-no-color", *endpoint_vars], cwd, env)

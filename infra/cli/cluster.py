@@ -10,7 +10,8 @@ import argparse
 import signal
 from pathlib import Path
 
-from infra.cli.common import CliError, key_value, note, positive_float, positive_int, print_table
+from infra.cli.common import (CliError, key_value, note, positive_float, positive_int, print_table,
+                              stderr_is_terminal)
 
 DEFAULT_DIR = Path("stratalog-cluster")
 
@@ -88,7 +89,8 @@ def run_up(args: argparse.Namespace) -> int:
                        http_base_port=args.http_base_port, etcd_port=args.etcd_port,
                        s3_port=args.s3_port, etcd_binary=args.etcd, settings=list(args.settings),
                        log_level=args.log_level, ready_timeout_s=args.timeout)
-    launcher = ClusterLauncher(plan, progress=note)
+    # Progress is for a person watching; in scripts a failure stays one line on stderr.
+    launcher = ClusterLauncher(plan, progress=note if stderr_is_terminal() else lambda _m: None)
     # SIGTERM (e.g. from 'cluster down') stops the cluster in order, as Ctrl-C does.
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
@@ -96,25 +98,23 @@ def run_up(args: argparse.Namespace) -> int:
             state = launcher.start()
         except ClusterError as e:
             raise CliError(str(e)) from None
-        print(f"bootstrap: {state.bootstrap}")
-        print(f"object store: {state.object_store}")
-        print(f"s3 endpoint: {state.s3_endpoint} (path-style; any credentials)")
-        print(f"coordinator: {state.coordinator}")
-        print(f"state: {state.path}", flush=True)
-        if args.detach:
-            launcher.detach()
-            return 0
-        note("cluster running; press Ctrl-C to stop it")
         try:
-            launcher.watch()
+            print(f"bootstrap: {state.bootstrap}")
+            print(f"object store: {state.object_store}")
+            print(f"s3 endpoint: {state.s3_endpoint} (path-style; any credentials)")
+            print(f"coordinator: {state.coordinator}")
+            print(f"state: {state.path}", flush=True)
+            if args.detach:
+                launcher.detach()
+                return 0
+            note("cluster running; press Ctrl-C to stop it")
+            launcher.watch(report=note)
         except KeyboardInterrupt:
-            pass
-        else:
+            note("stopping the cluster")
             _quiet_stop(launcher)
-            raise CliError(f"every process of the cluster exited; logs in {launcher.dir / 'logs'}")
-        note("stopping the cluster")
+            return 130 if args.detach else 0
         _quiet_stop(launcher)
-        return 0
+        raise CliError(f"every process of the cluster exited; logs in {launcher.dir / 'logs'}")
     finally:
         signal.signal(signal.SIGTERM, previous)
 

@@ -1,3 +1,7 @@
+locals {
+  enforce_tls = var.enforce_tls != null ? var.enforce_tls : startswith(var.s3_endpoint, "https://")
+}
+
 provider "aws" {
   region     = var.region
   access_key = var.access_key
@@ -21,6 +25,7 @@ module "bucket" {
 
   bucket_name    = var.bucket_name
   cluster_prefix = var.cluster_prefix
+  enforce_tls    = local.enforce_tls
   # A local bucket is scratch space: let destroy remove what the gateway wrote.
   force_destroy = true
 

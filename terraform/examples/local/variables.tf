@@ -53,6 +53,12 @@ variable "cluster_prefix" {
   default     = "dev"
 }
 
+variable "enforce_tls" {
+  description = "Whether the bucket policy denies requests not made over TLS; null turns it on exactly when `s3_endpoint` is https, since a plain-HTTP endpoint could not be used otherwise"
+  type        = bool
+  default     = null
+}
+
 variable "create_roles" {
   description = "Whether to create the gateway and reader roles"
   type        = bool

@@ -1,5 +1,6 @@
 locals {
-  bucket_id      = try(aws_s3_bucket.this[0].id, null)
+  # `bucket` rather than `id`: it is known at plan time whenever the name is given.
+  bucket_id      = try(aws_s3_bucket.this[0].bucket, null)
   bucket_arn     = try(aws_s3_bucket.this[0].arn, null)
   segment_prefix = "${var.cluster_prefix}/topics/"
 
@@ -53,7 +54,7 @@ resource "aws_s3_bucket_server_side_encryption_configuration" "this" {
 }
 
 data "aws_iam_policy_document" "tls_only" {
-  count = var.create ? 1 : 0
+  count = var.create && var.enforce_tls ? 1 : 0
 
   statement {
     sid     = "DenyInsecureTransport"
@@ -78,7 +79,7 @@ data "aws_iam_policy_document" "tls_only" {
 }
 
 resource "aws_s3_bucket_policy" "this" {
-  count = var.create ? 1 : 0
+  count = var.create && var.enforce_tls ? 1 : 0
 
   bucket = local.bucket_id
   policy = data.aws_iam_policy_document.tls_only[0].json

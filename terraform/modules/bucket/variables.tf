@@ -33,6 +33,12 @@ variable "force_destroy" {
   default     = false
 }
 
+variable "enforce_tls" {
+  description = "Whether the bucket policy denies every request not made over TLS. Turn it off only for a local S3-compatible endpoint that speaks plain HTTP"
+  type        = bool
+  default     = true
+}
+
 variable "kms_key_arn" {
   description = "ARN of a KMS key for SSE-KMS. When null, objects are encrypted with S3-managed keys (SSE-S3)"
   type        = string

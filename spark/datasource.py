@@ -1,0 +1,81 @@
+"""`spark.read.format("stratalog")`: Spark reads sealed segments straight from the bucket.
+
+Examples
+--------
+>>> from spark.datasource import StratalogDataSource
+>>> spark.dataSource.register(StratalogDataSource)  # doctest: +SKIP
+>>> df = (spark.read.format("stratalog")
+...       .option("topic", "orders")
+...       .load("s3://bucket/prefix"))  # doctest: +SKIP
+>>> df.where("partition = 0 AND offset >= 1000").count()  # doctest: +SKIP
+
+Options are described in `spark.options`; rows have the Kafka source's columns
+(`spark.schema`). Filters on ``partition``, ``offset`` and ``timestamp`` are pushed down
+when ``spark.sql.python.filterPushdown.enabled`` is true.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql.datasource import DataSource, DataSourceReader
+
+from spark.options import parse_options
+from spark.planning import Bounds
+from spark.schema import SPARK_SCHEMA
+
+NAME = "stratalog"
+
+
+class StratalogDataSource(DataSource):
+    """Batch and streaming reads of a Stratalog topic's sealed segments."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self):
+        return SPARK_SCHEMA
+
+    def reader(self, schema) -> "StratalogReader":
+        return StratalogReader(dict(self.options))
+
+    def streamReader(self, schema):
+        from spark.streaming import StratalogStreamReader
+
+        return StratalogStreamReader(dict(self.options))
+
+
+class StratalogReader(DataSourceReader):
+    """Plans one slice per sealed segment (or byte range of a large one) and reads it.
+
+    Parameters
+    ----------
+    options : dict
+        The read's options; checked here so a bad one fails before any work starts.
+    """
+
+    def __init__(self, options: dict) -> None:
+        self.options = parse_options(options)
+        self.bounds = Bounds()
+
+    def pushFilters(self, filters):
+        for f in filters:
+            self.bounds, claimed = self.bounds.push(f)
+            if not claimed:
+                yield f
+
+    def partitions(self):
+        from spark.metadata import open_metadata
+        from spark.planning import plan
+
+        store = self.options.store.open()
+        meta = open_metadata(store, self.options.topic, coordinator=self.options.coordinator,
+                             topic_id=self.options.topic_id)
+        return plan(meta.snapshot(), self.options, self.bounds, store)
+
+    def read(self, partition):
+        from spark.planning import SegmentSlice
+        from spark.reading import read_slice
+
+        if not isinstance(partition, SegmentSlice):
+            return iter(())  # Spark's stand-in partition when nothing matched
+        return read_slice(partition, self.options.store)

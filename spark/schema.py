@@ -1,0 +1,108 @@
+"""The row shape of a read, the one Spark's Kafka source uses, in Spark and Arrow terms.
+
+    key            binary       null for a keyless record
+    value          binary       null for a tombstone
+    topic          string
+    partition      int
+    offset         long
+    timestamp      timestamp    record time (ms precision), UTC
+    timestampType  int          0 CreateTime, 1 LogAppendTime
+    headers        array<struct<key: string, value: binary>>
+
+Every field is nullable, as Spark's conversion to Arrow expects; the Arrow schema here must
+equal what pyspark derives from the Spark one, or Spark rejects the batches.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, LongType, StringType, StructField,
+                               StructType, TimestampType)
+
+SPARK_SCHEMA = StructType([
+    StructField("key", BinaryType()),
+    StructField("value", BinaryType()),
+    StructField("topic", StringType()),
+    StructField("partition", IntegerType()),
+    StructField("offset", LongType()),
+    StructField("timestamp", TimestampType()),
+    StructField("timestampType", IntegerType()),
+    StructField("headers", ArrayType(StructType([
+        StructField("key", StringType()),
+        StructField("value", BinaryType()),
+    ]))),
+])
+
+HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
+HEADERS_TYPE = pa.list_(pa.field("element", HEADER_TYPE))
+TIMESTAMP_TYPE = pa.timestamp("us", tz="UTC")
+ARROW_SCHEMA = pa.schema([
+    pa.field("key", pa.binary()),
+    pa.field("value", pa.binary()),
+    pa.field("topic", pa.string()),
+    pa.field("partition", pa.int32()),
+    pa.field("offset", pa.int64()),
+    pa.field("timestamp", TIMESTAMP_TYPE),
+    pa.field("timestampType", pa.int32()),
+    pa.field("headers", HEADERS_TYPE),
+])
+
+
+class ArrowColumns:
+    """Accumulates records of one partition and hands them out as Arrow record batches."""
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self._reset()
+
+    def _reset(self) -> None:
+        self.keys: list = []
+        self.values: list = []
+        self.offsets: list[int] = []
+        self.timestamps: list[int] = []
+        self.types: list[int] = []
+        self.header_starts: list[int] = [0]
+        self.header_keys: list[str] = []
+        self.header_values: list = []
+
+    @property
+    def rows(self) -> int:
+        return len(self.offsets)
+
+    def add(self, key, value, offset: int, timestamp_ms: int, timestamp_type: int, headers) -> None:
+        self.keys.append(key)
+        self.values.append(value)
+        self.offsets.append(offset)
+        self.timestamps.append(timestamp_ms)
+        self.types.append(timestamp_type)
+        for k, v in headers:
+            self.header_keys.append(k)
+            self.header_values.append(v)
+        self.header_starts.append(len(self.header_keys))
+
+    def flush(self):
+        """Yield the accumulated rows as one batch (nothing if empty), then start over."""
+        n = self.rows
+        if not n:
+            return
+        headers = pa.ListArray.from_arrays(
+            pa.array(self.header_starts, pa.int32()),
+            pa.StructArray.from_arrays(
+                [pa.array(self.header_keys, pa.string()), pa.array(self.header_values, pa.binary())],
+                fields=list(HEADER_TYPE)),
+            type=HEADERS_TYPE)
+        millis = pa.array(self.timestamps, pa.int64())
+        batch = pa.RecordBatch.from_arrays([
+            pa.array(self.keys, pa.binary()),
+            pa.array(self.values, pa.binary()),
+            pa.array([self.topic] * n, pa.string()),
+            pa.array([self.partition] * n, pa.int32()),
+            pa.array(self.offsets, pa.int64()),
+            pc.multiply_checked(millis, 1000).cast(TIMESTAMP_TYPE),
+            pa.array(self.types, pa.int32()),
+            headers,
+        ], schema=ARROW_SCHEMA)
+        self._reset()
+        yield batch

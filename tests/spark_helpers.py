@@ -1,0 +1,215 @@
+"""Shared pieces of the Spark tests: one local SparkSession for the whole test run, a moto
+S3 server, topic setup, producing, consuming the truth with confluent-kafka, waiting for
+segments to seal, and counting object reads.
+
+Every Spark test file declares a session-scoped `spark` fixture calling `spark_session()`,
+which returns the same SparkSession each time (getOrCreate), so the JVM starts once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from spark.objects import TRACE_ENV, StoreSpec
+
+TRACE_FILE = Path(tempfile.mkdtemp(prefix="stratalog-spark-trace-")) / "reads.log"
+S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+          "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def spark_session():
+    """The one local SparkSession of the test run (Python workers trace their reads)."""
+    pytest.importorskip("pyspark", reason="pyspark is not installed")
+    if not any(os.access(os.path.join(d, "java"), os.X_OK)
+               for d in os.environ.get("PATH", "").split(os.pathsep)) and not os.environ.get("JAVA_HOME"):
+        pytest.skip("no Java runtime for Spark")
+    os.environ[TRACE_ENV] = str(TRACE_FILE)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # Credentials for the moto server; workers inherit them from the JVM's environment.
+    for key, value in S3_ENV.items():
+        os.environ.setdefault(key, value)
+    from spark.session import get_session
+
+    return get_session("local[2]", app_name="stratalog-tests",
+                       conf={"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false",
+                             "spark.default.parallelism": "2",
+                             "spark.sql.session.timeZone": "UTC",
+                             "spark.driver.memory": "1g"})
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def moto_s3():
+    """A moto S3 server on loopback; yields its endpoint URL."""
+    server_module = pytest.importorskip("moto.server", reason="moto[server] is not installed")
+    port = free_port()
+    server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+def make_bucket(endpoint: str, bucket: str) -> None:
+    import boto3
+
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                 aws_access_key_id="testing", aws_secret_access_key="testing").create_bucket(Bucket=bucket)
+
+
+@contextlib.contextmanager
+def reads_traced():
+    """Collects the object reads Spark's workers make inside the block: list of (key, start, end)."""
+    TRACE_FILE.write_text("")
+    seen: list[tuple[str, int, int]] = []
+    yield seen
+    for line in TRACE_FILE.read_text().splitlines():
+        _, key, start, end = line.split()
+        seen.append((key, int(start), int(end)))
+
+
+# ---- Kafka side ----------------------------------------------------------------------
+
+
+def create_topic(bootstrap: str, name: str, partitions: int = 1, configs: dict | None = None) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(name, partitions, 1, config={k: str(v) for k, v in (configs or {}).items()})])
+    for f in futures.values():
+        f.result(30)
+
+
+def produce(bootstrap: str, topic: str, records, *, compression: str = "none", linger_ms: int = 5,
+            batch_size: int = 16384) -> None:
+    """Produce (partition, key, value, headers, timestamp_ms_or_None) tuples, all acknowledged."""
+    from confluent_kafka import Producer
+
+    failures = []
+    producer = Producer({"bootstrap.servers": bootstrap, "compression.type": compression,
+                         "linger.ms": linger_ms, "batch.size": batch_size, "acks": "all",
+                         "enable.idempotence": False})
+    for partition, key, value, headers, ts in records:
+        kwargs = {"partition": partition, "key": key, "value": value,
+                  "on_delivery": lambda err, msg: err and failures.append(err)}
+        if headers:
+            kwargs["headers"] = headers
+        if ts is not None:
+            kwargs["timestamp"] = ts
+        while True:
+            try:
+                producer.produce(topic, **kwargs)
+                break
+            except BufferError:
+                producer.poll(0.1)
+        producer.poll(0)
+    assert producer.flush(60) == 0, "producer did not deliver everything"
+    assert not failures, failures[:3]
+
+
+@dataclass(frozen=True)
+class Consumed:
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple
+    timestamp: int
+    timestamp_type: int  # 0 CreateTime, 1 LogAppendTime (Spark's numbering)
+
+
+def high_watermarks(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "hw-probe", "enable.auto.commit": False})
+    try:
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
+    finally:
+        c.close()
+
+
+def consume_all(bootstrap: str, topic: str, partitions: int, *, timeout_s: float = 60) -> list[Consumed]:
+    """Every record of every partition up to the current high watermark, as a client sees it."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    ends = high_watermarks(bootstrap, topic, partitions)
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"truth-{time.monotonic_ns()}",
+                  "enable.auto.commit": False, "enable.partition.eof": False,
+                  "fetch.wait.max.ms": 100})
+    out: list[Consumed] = []
+    try:
+        todo = {p for p, end in ends.items() if end > 0}
+        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in todo])
+        deadline = time.monotonic() + timeout_s
+        while todo:
+            assert time.monotonic() < deadline, f"consumer did not reach the end of {sorted(todo)}"
+            msg = c.poll(0.5)
+            if msg is None:
+                continue
+            assert msg.error() is None, msg.error()
+            ts_type, ts = msg.timestamp()
+            out.append(Consumed(msg.partition(), msg.offset(), msg.key(), msg.value(),
+                                tuple(msg.headers() or ()), ts, 1 if ts_type == 2 else 0))
+            if msg.offset() + 1 >= ends[msg.partition()]:
+                todo.discard(msg.partition())
+    finally:
+        c.close()
+    return sorted(out, key=lambda r: (r.partition, r.offset))
+
+
+def rows_of(df) -> list[Consumed]:
+    """Spark rows in the same shape as `consume_all`."""
+    rows = df.collect()
+    out = []
+    for r in rows:
+        ts = r["timestamp"]
+        out.append(Consumed(
+            r["partition"], r["offset"],
+            None if r["key"] is None else bytes(r["key"]),
+            None if r["value"] is None else bytes(r["value"]),
+            tuple((h["key"], None if h["value"] is None else bytes(h["value"])) for h in r["headers"] or ()),
+            _millis(ts), r["timestampType"]))
+    return sorted(out, key=lambda r: (r.partition, r.offset))
+
+
+def _millis(ts) -> int:
+    import datetime as dt
+
+    if ts.tzinfo is None:
+        ts = ts.replace(tzinfo=dt.timezone.utc)
+    delta = ts - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+    return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
+
+
+def wait_sealed(spec: StoreSpec, topic: str, ends: dict[int, int], timeout_s: float = 30) -> None:
+    """Wait until each partition's manifest covers its offsets below `ends`."""
+    from spark.metadata import ManifestMetadata, TopicNotFound
+
+    meta = ManifestMetadata(spec.open(), topic)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            parts = meta.snapshot().partitions
+            if all(end == 0 or (p in parts and parts[p].sealed_end >= end) for p, end in ends.items()):
+                return
+        except TopicNotFound:
+            pass
+        assert time.monotonic() < deadline, f"segments of {topic} did not seal in {timeout_s}s"
+        time.sleep(0.2)
+

@@ -1,0 +1,332 @@
+"""`spark.read.format("stratalog")` against real gateways, on file:// and on S3 (moto).
+
+For every codec Spark must return exactly what confluent-kafka consumes from the same
+topic; pushdown is checked by the object reads Spark's workers trace.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import GatewayProcess
+from spark.objects import StoreSpec
+from spark_helpers import (Consumed, consume_all, create_topic, make_bucket, moto_s3, produce,
+                           reads_traced, rows_of, spark_session, wait_sealed)
+
+CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
+PARTITIONS = 2
+RECORDS = 300
+BASE_TS = (int(time.time()) - 3600) * 1000
+SETTINGS = {"log.roll.ms": 500, "log.segment.bytes": 6000, "log.index.interval.bytes": 512}
+
+
+@pytest.fixture(scope="session")
+def spark():
+    return spark_session()
+
+
+def _records(seed: int, count: int = RECORDS, partitions: int = PARTITIONS):
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        key = None if i % 17 == 0 else b"key-%d" % (i % 40)
+        value = None if i % 23 == 0 else (b"" if i % 29 == 0 else rng.randbytes(rng.randint(1, 200)))
+        headers = [[], [("a", b"1")], [("x", None), ("y", b""), ("x", b"dup")]][i % 3]
+        out.append((i % partitions, key, value, headers, BASE_TS + i * 1000))
+    return out
+
+
+def _fill(gw: GatewayProcess, spec: StoreSpec) -> dict[str, list[Consumed]]:
+    """One topic per codec, plus a LogAppendTime topic; returns what a consumer sees."""
+    truth = {}
+    topics = {f"codec-{c}": (c, {}) for c in CODECS}
+    topics["append-time"] = ("lz4", {"message.timestamp.type": "LogAppendTime"})
+    for n, (topic, (codec, configs)) in enumerate(topics.items()):
+        create_topic(gw.bootstrap, topic, PARTITIONS, configs)
+        produce(gw.bootstrap, topic, _records(n), compression=codec, batch_size=2048)
+    for topic in topics:
+        truth[topic] = consume_all(gw.bootstrap, topic, PARTITIONS)
+        ends = {p: 1 + max(r.offset for r in truth[topic] if r.partition == p) for p in range(PARTITIONS)}
+        wait_sealed(spec, topic, ends)
+    return truth
+
+
+class Cluster:
+    def __init__(self, gw: GatewayProcess, spec: StoreSpec, truth):
+        self.gw, self.spec, self.truth = gw, spec, truth
+
+    def read(self, spark, topic: str, **options):
+        reader = spark.read.format("stratalog").option("topic", topic)
+        if self.spec.endpoint:
+            reader = reader.option("endpoint", self.spec.endpoint).option("pathStyle", "true")
+        for k, v in options.items():
+            reader = reader.option(k, v)
+        return reader.load(self.spec.url)
+
+
+@pytest.fixture(scope="module")
+def file_cluster(tmp_path_factory):
+    data = tmp_path_factory.mktemp("file-gw") / "data"
+    gw = GatewayProcess(data, SETTINGS).start()
+    try:
+        spec = StoreSpec((data / "objects").as_uri())
+        yield Cluster(gw, spec, _fill(gw, spec))
+    finally:
+        gw.stop()
+
+
+@pytest.fixture(scope="module")
+def s3_cluster(tmp_path_factory):
+    with moto_s3() as endpoint:
+        for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                     "AWS_REGION": "us-east-1"}.items():
+            os.environ.setdefault(k, v)
+        make_bucket(endpoint, "logs")
+        data = tmp_path_factory.mktemp("s3-gw") / "data"
+        gw = GatewayProcess(data, SETTINGS, extra_args=[
+            "--object-store", "s3://logs/cluster-a", "--s3-endpoint", endpoint, "--s3-path-style"]).start()
+        try:
+            spec = StoreSpec("s3://logs/cluster-a", endpoint=endpoint, path_style=True)
+            yield Cluster(gw, spec, _fill(gw, spec))
+        finally:
+            gw.stop()
+
+
+TOPICS = [f"codec-{c}" for c in CODECS] + ["append-time"]
+
+
+@pytest.mark.parametrize("topic", TOPICS)
+def test_spark_matches_kafka_consumer_on_file_store(spark, file_cluster, topic):
+    truth = file_cluster.truth[topic]
+    assert len(truth) == RECORDS
+    got = rows_of(file_cluster.read(spark, topic))
+    assert got == truth
+
+
+@pytest.mark.parametrize("topic", TOPICS)
+def test_spark_matches_kafka_consumer_on_s3(spark, s3_cluster, topic):
+    truth = s3_cluster.truth[topic]
+    assert len(truth) == RECORDS
+    got = rows_of(s3_cluster.read(spark, topic))
+    assert got == truth
+
+
+def test_segments_are_input_partitions_and_large_ones_split(spark, file_cluster):
+    spec = file_cluster.spec
+    from spark.metadata import ManifestMetadata
+
+    segments = sum(len(p.segments) for p in ManifestMetadata(spec.open(), "codec-none").snapshot().partitions.values())
+    assert segments > PARTITIONS  # several segments per partition
+    df = file_cluster.read(spark, "codec-none")
+    assert df.rdd.getNumPartitions() == segments
+    split = file_cluster.read(spark, "codec-none", maxBytesPerPartition=1024)
+    assert split.rdd.getNumPartitions() > segments
+    assert rows_of(split) == file_cluster.truth["codec-none"]
+
+
+def _log_reads(reads):
+    return [(k, s, e) for k, s, e in reads if k.endswith(".log")]
+
+
+def _segments(cluster, topic, partition):
+    from spark.metadata import ManifestMetadata
+
+    return ManifestMetadata(cluster.spec.open(), topic).snapshot().partitions[partition].segments
+
+
+def test_offset_pushdown_skips_segments_and_uses_the_index(spark, file_cluster):
+    topic = "codec-none"
+    segs = _segments(file_cluster, topic, 0)
+    target = next(s for s in segs[1:] if s.last_offset - s.base_offset >= 20)
+    lo, hi = target.base_offset + 10, target.base_offset + 15
+    df = file_cluster.read(spark, topic).where(f"partition = 0 AND offset >= {lo} AND offset < {hi}")
+    with reads_traced() as reads:
+        got = rows_of(df)
+    assert got == [r for r in file_cluster.truth[topic] if r.partition == 0 and lo <= r.offset < hi]
+    logs = _log_reads(reads)
+    assert {k for k, _, _ in logs} == {target.key_base + ".log"}  # other segments never opened
+    assert min(s for _, s, _ in logs) > 0  # the .index moved the start past earlier batches
+    assert sum(e - s for _, s, e in logs) < target.size
+    assert any(k == target.key_base + ".index" for k, _, _ in reads)
+
+
+def test_timestamp_pushdown_skips_segments_and_byte_ranges(spark, file_cluster):
+    topic = "codec-gzip"
+    segs = _segments(file_cluster, topic, 1)
+    target = next(s for s in segs[1:] if s.max_timestamp - s.min_timestamp >= 20_000)
+    since = target.min_timestamp + 15_000
+    when = dt.datetime.fromtimestamp(since / 1000, tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    df = file_cluster.read(spark, topic).where(f"partition = 1 AND timestamp >= '{when}'")
+    with reads_traced() as reads:
+        got = rows_of(df)
+    assert got == [r for r in file_cluster.truth[topic] if r.partition == 1 and r.timestamp >= since]
+    logs = _log_reads(reads)
+    opened = {k for k, _, _ in logs}
+    assert not opened & {s.key_base + ".log" for s in segs if s.max_timestamp < since}
+    first = [s for k, s, _ in logs if k == target.key_base + ".log"]
+    assert first and min(first) > 0  # the .timeindex skipped the segment's older batches
+    assert any(k == target.key_base + ".timeindex" for k, _, _ in reads)
+
+
+def test_upper_timestamp_bound_is_exact(spark, file_cluster):
+    topic = "codec-snappy"
+    cut = BASE_TS + 100 * 1000
+    when = dt.datetime.fromtimestamp(cut / 1000, tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    got = rows_of(file_cluster.read(spark, topic).where(f"timestamp < '{when}'"))
+    assert got == [r for r in file_cluster.truth[topic] if r.timestamp < cut]
+
+
+def test_partition_pushdown_reads_one_partition(spark, file_cluster):
+    topic = "codec-lz4"
+    with reads_traced() as reads:
+        got = rows_of(file_cluster.read(spark, topic).where("partition = 1"))
+    assert got == [r for r in file_cluster.truth[topic] if r.partition == 1]
+    assert all("/1/" in k for k, _, _ in _log_reads(reads))
+
+
+def test_offset_options_follow_kafka_semantics(spark, file_cluster):
+    topic = "codec-zstd"
+    start = json.dumps({topic: {"0": 20, "1": -2}})
+    end = json.dumps({topic: {"0": 60, "1": 33}})
+    got = rows_of(file_cluster.read(spark, topic, startingOffsets=start, endingOffsets=end))
+    truth = file_cluster.truth[topic]
+    assert got == [r for r in truth if (r.partition == 0 and 20 <= r.offset < 60)
+                   or (r.partition == 1 and r.offset < 33)]
+
+
+def test_timestamp_options_follow_kafka_semantics(spark, file_cluster):
+    topic = "codec-zstd"
+    truth = file_cluster.truth[topic]
+    start_ts, end_ts = BASE_TS + 50_500, BASE_TS + 200_000
+    got = rows_of(file_cluster.read(spark, topic, startingTimestamp=str(start_ts),
+                                    endingTimestamp=json.dumps({topic: {"1": end_ts}})))
+    expected = []
+    for p in range(PARTITIONS):
+        records = [r for r in truth if r.partition == p]
+        first = next(r.offset for r in records if r.timestamp >= start_ts)
+        stop = next((r.offset for r in records if r.timestamp >= end_ts), None) if p == 1 else None
+        expected += [r for r in records if r.offset >= first and (stop is None or r.offset < stop)]
+    assert got == expected
+
+
+def test_log_append_time_is_reported(spark, file_cluster):
+    got = rows_of(file_cluster.read(spark, "append-time"))
+    assert {r.timestamp_type for r in got} == {1}
+    assert all(r.timestamp > BASE_TS + RECORDS * 1000 for r in got)  # broker time, not ours
+
+
+def test_stream_free_registration_module_names_the_source():
+    import pyspark_stratalog
+
+    assert pyspark_stratalog.DefaultSource.name() == "stratalog"
+
+
+def test_arrow_schema_is_the_one_spark_derives():
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from spark.schema import ARROW_SCHEMA, SPARK_SCHEMA
+
+    assert to_arrow_schema(SPARK_SCHEMA, timezone="UTC").equals(ARROW_SCHEMA)
+
+
+# ---- bad input -----------------------------------------------------------------------
+
+
+def _copy_store(cluster, tmp_path) -> Path:
+    src = Path(cluster.spec.url[len("file://"):])
+    dst = tmp_path / "objects"
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_corrupt_segment_is_an_error_not_garbage(spark, file_cluster, tmp_path):
+    root = _copy_store(file_cluster, tmp_path)
+    seg = _segments(file_cluster, "codec-none", 0)[1]
+    path = root / (seg.key_base + ".log")
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    df = spark.read.format("stratalog").option("topic", "codec-none").load(root.as_uri())
+    with pytest.raises(Exception, match="CorruptSegment|CRC|offsets"):
+        df.collect()
+
+
+def test_truncated_segment_is_an_error(spark, file_cluster, tmp_path):
+    root = _copy_store(file_cluster, tmp_path)
+    seg = _segments(file_cluster, "codec-gzip", 0)[0]
+    path = root / (seg.key_base + ".log")
+    path.write_bytes(path.read_bytes()[:-7])
+    df = spark.read.format("stratalog").option("topic", "codec-gzip").load(root.as_uri())
+    with pytest.raises(Exception, match="CorruptSegment"):
+        df.collect()
+
+
+def test_missing_segment_fails_unless_data_loss_is_allowed(spark, file_cluster, tmp_path):
+    root = _copy_store(file_cluster, tmp_path)
+    gone = _segments(file_cluster, "codec-lz4", 1)[0]
+    (root / (gone.key_base + ".log")).unlink()
+    reader = spark.read.format("stratalog").option("topic", "codec-lz4")
+    with pytest.raises(Exception, match="DataLoss|is gone"):
+        reader.load(root.as_uri()).collect()
+    got = rows_of(reader.option("failOnDataLoss", "false").load(root.as_uri()))
+    assert got == [r for r in file_cluster.truth["codec-lz4"]
+                   if not (r.partition == 1 and gone.base_offset <= r.offset <= gone.last_offset)]
+
+
+@pytest.mark.parametrize("options, message", [
+    ({}, "option topic is required"),
+    ({"topic": "codec-none", "startingOffsets": "{nope"}, "startingOffsets"),
+    ({"topic": "codec-none", "startingOffsets": '{"other": {"0": 1}}'}, "startingOffsets"),
+    ({"topic": "codec-none", "endingOffsets": '{"codec-none": {"0": "x"}}'}, "endingOffsets"),
+    ({"topic": "codec-none", "startingTimestamp": "-5"}, "startingTimestamp"),
+    ({"topic": "codec-none", "pathStyle": "maybe"}, "pathStyle"),
+    ({"topic": "no-such-topic"}, "no manifest of topic"),
+])
+def test_bad_options_fail_with_a_clear_message(spark, file_cluster, options, message):
+    reader = spark.read.format("stratalog")
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    with pytest.raises(Exception, match=message):
+        reader.load(file_cluster.spec.url).collect()
+
+
+def test_bad_store_url_is_rejected(spark):
+    with pytest.raises(Exception, match="object store"):
+        spark.read.format("stratalog").option("topic", "t").load("ftp://host/x").collect()
+
+
+# ---- live metadata from etcd ---------------------------------------------------------
+
+
+def test_coordinator_option_plans_from_etcd(spark, tmp_path):
+    from etcd_fixture import EtcdServer, etcd_binary
+
+    binary = etcd_binary()
+    if binary is None:
+        pytest.skip("no etcd binary")
+    etcd = EtcdServer(binary, tmp_path / "etcd")
+    etcd.start()
+    gw = None
+    try:
+        data = tmp_path / "data"
+        gw = GatewayProcess(data, SETTINGS, extra_args=["--coordinator", etcd.url]).start()
+        create_topic(gw.bootstrap, "live", 1)
+        produce(gw.bootstrap, "live", _records(7, 120, 1), compression="zstd", batch_size=2048)
+        truth = consume_all(gw.bootstrap, "live", 1)
+        spec = StoreSpec((data / "objects").as_uri())
+        wait_sealed(spec, "live", {0: truth[-1].offset + 1})
+        df = (spark.read.format("stratalog").option("topic", "live")
+              .option("coordinator", etcd.url).load(spec.url))
+        assert rows_of(df) == truth
+    finally:
+        if gw is not None:
+            gw.stop()
+        etcd.stop()
