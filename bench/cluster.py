@@ -225,6 +225,24 @@ def partition_leaders(admin, topic: str) -> dict[int, int]:
     return {p: m.leader for p, m in meta.partitions.items()}
 
 
+def wait_balanced(admin, topic: str, live: set[int], timeout_s: float = 90) -> dict[int, int] | None:
+    """Leaders once every partition is led by a live gateway, the counts per gateway differ
+    by at most one, and the map held still for a second (the controller moves one
+    leadership per pass towards a newcomer); None if that never happens."""
+    deadline = time.monotonic() + timeout_s
+    last: dict[int, int] | None = None
+    while time.monotonic() < deadline:
+        leaders = partition_leaders(admin, topic)
+        led = Counter(leaders.values())
+        counts = [led[b] for b in live]
+        settled = bool(leaders) and all(b in live for b in leaders.values()) and max(counts) - min(counts) <= 1
+        if settled and leaders == last:
+            return leaders
+        last = leaders if settled else None
+        time.sleep(1.0)
+    return None
+
+
 def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
     from confluent_kafka import Consumer, TopicPartition
 
@@ -307,7 +325,9 @@ def throughput_run(n: int, args, workdir: Path) -> Run:
         leaders = create_topic(bootstrap, topic, args.partitions)
         lead = "/".join(str(leaders.get(g.broker_id, 0)) for g in gateways)
 
-        # The idle rate (lease renewals, controller) is the floor the produce rate sits on.
+        # The idle rate (controller passes, sessions) is the floor the produce rate sits on;
+        # it is read once the new topic's leaders have settled.
+        time.sleep(1.0)
         idle0 = etcd_counters(etcd.metrics())
         time.sleep(IDLE_S)
         e0, m0 = etcd_counters(etcd.metrics()), s3.mark()
@@ -477,13 +497,15 @@ def failover_run(args, workdir: Path) -> Failover:
         bootstrap = ",".join(g.address for g in gateways.values())
         create_topic(bootstrap, topic, 6)
         admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 2})
-        for k in range(args.kills):
-            leaders = partition_leaders(admin, topic)
-            order = [1 + (k + j) % 3 for j in range(3)]
-            victim = next((v for v in order if v in leaders.values()), None)
-            if victim is None:
-                out.notes.append(f"kill {k + 1}: no gateway leads a partition ({leaders})")
+        kills = attempts = 0
+        while kills < args.kills and attempts < 2 * args.kills:
+            attempts += 1
+            leaders = wait_balanced(admin, topic, set(gateways))
+            if leaders is None:
+                out.notes.append(f"leaders never settled after kill {kills}: "
+                                 f"{partition_leaders(admin, topic)}")
                 break
+            victim = 1 + kills % 3
             partition = min(p for p, b in leaders.items() if b == victim)
             probe = Probe(bootstrap, topic, partition)
             probe.start()
@@ -492,27 +514,26 @@ def failover_run(args, workdir: Path) -> Failover:
                 while probe.acked < 20 and time.monotonic() - t < 30:
                     time.sleep(0.05)
                 if probe.acked < 20:
-                    out.notes.append(f"kill {k + 1}: the probe never got going ({probe.errors[:1]})")
+                    out.notes.append(f"kill {kills + 1}: the probe never got going ({probe.errors[:1]})")
                     break
+                # The kill must hit the partition's leader: a rebalance may have moved it.
+                if partition_leaders(admin, topic).get(partition) != victim:
+                    out.notes.append("a leadership moved just before a kill; tried again")
+                    continue
                 probe.kill_at = time.monotonic()
                 gateways[victim].kill9()
+                kills += 1
                 if probe.back.wait(120):
                     out.times.append(probe.back_at - probe.kill_at)
                 else:
-                    out.notes.append(f"kill {k + 1}: no acknowledgement within 120 s of killing gateway {victim}")
+                    out.notes.append(f"kill {kills}: no acknowledgement within 120 s of killing gateway {victim}")
             finally:
                 probe.stopping.set()
                 probe.join(30)
             if probe.errors:
-                out.notes.append(f"kill {k + 1}: {len(probe.errors)} failed deliveries ({probe.errors[0]})")
+                out.notes.append(f"kill {kills}: {len(probe.errors)} failed deliveries ({probe.errors[0]})")
             # The replacement: same node id, empty data directory (nothing local is needed).
             gateways[victim].start()
-            settle = time.monotonic()
-            while time.monotonic() - settle < 60:
-                leaders = partition_leaders(admin, topic)
-                if leaders and all(b in gateways for b in leaders.values()):
-                    break
-                time.sleep(0.2)
         return out
     finally:
         stop_all(procs)
@@ -607,7 +628,8 @@ def report(args, runs: list[Run], tansu: Run | str, failover: Failover | None) -
           ["broker", "GETs", ".log GETs", "sidecar GETs", "HEADs", "LISTs", "GET target", "GET/GB",
            ".log GETs / target", "errors (both)"], rows)
     print(f"  GET target: one GET per {CHUNK // MiB} MiB chunk of the .log objects read; sidecar GETs are "
-          "the .index files, HEADs the size look-ups. GB = 10^9 bytes of record values.")
+          "the .index files, HEADs the size look-ups. GB = 10^9 bytes of record values.\n"
+          "  errors: answers of 400 and above in both phases (a 404 for an object not written yet counts).")
     for r in runs:
         if r.gateway_ops:
             print(f"  {r.label}: gateways' own counters (since start): "
@@ -652,6 +674,7 @@ def main() -> int:
     print(f"work directory (logs): {workdir}", file=sys.stderr)
     # SIGTERM stops everything in order, as Ctrl-C does.
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)  # also when started in the background
     failed = False
     try:
         runs = []

@@ -12,11 +12,10 @@ import re
 import shutil
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from coordinator.model import ClusterStore, PartitionState, SegmentEntry, TopicInfo, UnknownTopic
+from coordinator.model import ClusterStore, PartitionState, SegmentEntry, TopicInfo
 from tiering import layout
 from tiering.manifest import SegmentRecord, write_manifest
 from tiering.objectstore.base import ObjectStore
@@ -95,6 +94,11 @@ class Broker:
 
     async def start(self) -> None:
         self.cluster_id = await self.store.cluster_id()
+        # The listener is already accepting (app.py binds before starting the broker), and
+        # recovering led partitions below can take a while: load the topic list first so a
+        # restarted gateway answers Metadata for an existing topic with "no leader yet"
+        # (retriable) instead of "unknown topic", which clients treat as final.
+        await self._load_topics()
         (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
         await self.membership.start()
         await self.wal.start()
@@ -138,14 +142,18 @@ class Broker:
             except Exception as e:  # noqa: BLE001 - coordinator outage: retried next tick
                 log.warning("cluster sync failed: %s", e)
 
+    async def _load_topics(self) -> tuple[dict[str, TopicInfo], dict]:
+        topics = await self.store.topics()
+        states = await self.store.all_partition_states()
+        self.topics = dict(topics)
+        self.topics_by_id = {t.topic_id: t for t in topics.values()}
+        self.states = states
+        return topics, states
+
     async def sync_leadership(self, wait: bool = False) -> None:
         """Take the partitions the controller gave us, drop the ones it took away."""
         async with self._sync_lock:
-            topics = await self.store.topics()
-            states = await self.store.all_partition_states()
-            self.topics = dict(topics)
-            self.topics_by_id = {t.topic_id: t for t in topics.values()}
-            self.states = states
+            topics, states = await self._load_topics()
             desired: dict[tuple[str, int], tuple[TopicInfo, int]] = {}
             for info in topics.values():
                 for p, st in states.get(info.topic_id, {}).items():
@@ -350,7 +358,8 @@ class Broker:
             return await self.create_topic(name, -1, -1, {})
         except KafkaError as e:
             if e.code == ErrorCode.TOPIC_ALREADY_EXISTS:
-                return self.topics.get(name)
+                # Created elsewhere since our last sync: it exists, whatever our cache says.
+                return self.topics.get(name) or await self.store.topic(name)
             raise
 
     async def delete_topic(self, name: str) -> None:

@@ -11,7 +11,6 @@ The local files are a cache: a new leader rebuilds them from the object store
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import shutil
 import uuid

@@ -80,24 +80,18 @@ class StoreSpec:
             raise ValueError(f"object store URL takes no query or fragment: {self.url!r}")
 
     def open(self) -> "FileStore | S3Store":
-        """A blocking client for this store."""
+        """A blocking client for this store (S3 clients are kept per process: Spark reuses
+        Python workers, and building a boto3 client costs more than a small GET)."""
         parts = urlsplit(self.url)
         if parts.scheme == "file":
             return FileStore(Path(unquote(parts.path)))
-        return S3Store(parts.netloc, unquote(parts.path).strip("/"), self)
+        client = _S3_CLIENTS.get(self)
+        if client is None:
+            client = _S3_CLIENTS[self] = S3Store(parts.netloc, unquote(parts.path).strip("/"), self)
+        return client
 
-    def async_options(self) -> dict:
-        """Options for `tiering.objectstore.open_store` naming the same store."""
-        if urlsplit(self.url).scheme != "s3":
-            return {}
-        options = {}
-        if self.endpoint:
-            options["endpoint_url"] = self.endpoint
-        if self.region:
-            options["region"] = self.region
-        if self.path_style is not None:
-            options["path_style"] = self.path_style
-        return options
+
+_S3_CLIENTS: dict[StoreSpec, "S3Store"] = {}
 
 
 class FileStore:

@@ -80,6 +80,16 @@ class ReadOptions:
     max_offsets_per_trigger: int | None
 
 
+class _Lower(dict):
+    """Option lookup by name regardless of case, as Spark's options behave."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        super().__init__((str(k).lower(), v) for k, v in options.items())
+
+    def get(self, name, default=None):
+        return super().get(name.lower(), default)
+
+
 def _bool(options: Mapping[str, str], name: str, default: bool | None) -> bool | None:
     raw = options.get(name)
     if raw is None:
@@ -162,6 +172,8 @@ def parse_options(options: Mapping[str, str], *, streaming: bool = False) -> Rea
     >>> opts.starting.default, opts.ending.default
     (-2, -1)
     """
+    # Spark hands options in a case-insensitive dict whose keys come out lowercased.
+    options = _Lower(options)
     topic = options.get("topic")
     if not topic:
         raise OptionError('option topic is required: .option("topic", "<name>")')

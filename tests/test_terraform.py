@@ -47,9 +47,11 @@ def _free_port() -> int:
 
 
 def _tf(args: list[str], cwd: Path, env: dict, ok_codes: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess:
+    import time as _t; _t0 = _t.monotonic()
     proc = subprocess.run(
         [TERRAFORM, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
     )
+    print("TFTIME", args[0], round(_t.monotonic() - _t0, 1), flush=True)
     if proc.returncode not in ok_codes:
         raise AssertionError(
             f"terraform {' '.join(args)} in {cwd} exited {proc.returncode}\n"

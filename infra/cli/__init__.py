@@ -40,7 +40,7 @@ class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors become one-line `UsageError`s."""
 
     def error(self, message: str):  # noqa: D401 - argparse's hook
-        raise UsageError(f"{self.prog}: {message} (see '{self.prog} --help')")
+        raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
 def _register(subparsers, module) -> None:

@@ -72,9 +72,11 @@ class Dumper:
         elif kind == MANIFEST:
             await self._manifest(key, parsed, await self.store.get(key))
         else:
+            await self.store.size(key)  # a missing object is reported as missing
             self._out(f"{key}")
             self._problem("not a WAL object, segment .log/.index/.timeindex or manifest key")
-        self.emit("\n".join(self._lines))
+        # A blank line after each object keeps several dumps apart.
+        self.emit("\n".join(self._lines) + "\n")
 
     # WAL objects
 

@@ -94,7 +94,8 @@ class Cluster:
         conf: dict = {
             "bootstrap.servers": self.bootstrap,
             "error_cb": self._on_error,
-            "socket.connection.setup.timeout.ms": self.timeout_ms,
+            # librdkafka accepts no less than one second here.
+            "socket.connection.setup.timeout.ms": max(1000, self.timeout_ms),
         }
         if "debug" not in self.properties:
             # Errors reach us through error_cb and results; librdkafka's own log lines

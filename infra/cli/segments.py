@@ -124,7 +124,7 @@ async def _ls(args: argparse.Namespace) -> int:
     from tiering import layout
 
     store = _open(args)
-    not_found, store_error = _store_errors()
+    _, store_error = _store_errors()
     try:
         prefixes = [layout.TOPICS_ROOT, layout.MANIFESTS_ROOT] if args.topic else [""]
         objects = []
@@ -146,6 +146,7 @@ async def _ls(args: argparse.Namespace) -> int:
         rows.append([label, info.size, info.key])
         total += info.size
     print_table(["TYPE", "SIZE", "KEY"], rows)
+    print()
     print(f"{len(rows)} objects, {total} bytes")
     return 0
 
@@ -163,7 +164,10 @@ async def _dump(args: argparse.Namespace) -> int:
         keys: list[str] = []
         for key in args.keys:
             if key.endswith("/"):
-                listed = await store.list(key)
+                try:
+                    listed = await store.list(key)
+                except (ValueError, store_error) as exc:
+                    raise CliError(f"cannot list {key!r}: {exc}") from None
                 if not listed:
                     raise CliError(f"no objects under {key!r} in {store.url}")
                 keys += [info.key for info in listed]
@@ -183,6 +187,8 @@ async def _dump(args: argparse.Namespace) -> int:
                     raise CliError(f"no object {key!r} in {store.url}") from None
                 except store_error as exc:
                     raise CliError(f"cannot read {key!r}: {exc}") from None
+                except ValueError as exc:  # the store refuses the key itself
+                    raise CliError(f"bad object key {key!r}: {exc}") from None
                 if bar is not None:
                     bar.update(1)
         finally:

@@ -14,6 +14,7 @@ from aiokafka import codec as acodec  # noqa: E402
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: E402
 
 from .scenario import CODECS, records  # noqa: E402
+from .stored_batches import CODEC_IDS, stored_codecs  # noqa: E402
 
 # aiokafka compresses through optional packages; a codec whose package is absent is
 # skipped with the package to install.
@@ -85,6 +86,7 @@ def test_produce_and_consume_by_assignment(gateway, codec):
             await consumer.stop()
 
     msgs = asyncio.run(scenario())
+    assert set(stored_codecs(gateway.bootstrap, topic)) == {CODEC_IDS[codec]}
     assert [m.offset for m in msgs] == list(range(len(rows)))
     assert as_rows(msgs) == rows
 

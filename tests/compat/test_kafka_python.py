@@ -13,6 +13,7 @@ from kafka import codec as kcodec  # noqa: E402
 from kafka.admin import KafkaAdminClient, NewTopic  # noqa: E402
 
 from .scenario import CODECS, records  # noqa: E402
+from .stored_batches import CODEC_IDS, stored_codecs  # noqa: E402
 
 # kafka-python compresses through optional packages; a codec whose package is absent is
 # skipped with the package to install.
@@ -68,6 +69,7 @@ def test_produce_and_consume_by_assignment(gateway, codec):
     rows = records(codec)
     offsets = produce(gateway.bootstrap, topic, rows, codec)
     assert offsets == list(range(len(rows)))
+    assert set(stored_codecs(gateway.bootstrap, topic)) == {CODEC_IDS[codec]}
     consumer = KafkaConsumer(bootstrap_servers=gateway.bootstrap, enable_auto_commit=False,
                              auto_offset_reset="earliest")
     tp = TopicPartition(topic, 0)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from .scenario import CODECS, records
+from .stored_batches import CODEC_IDS, stored_codecs
 
 CLIENT_DIR = Path(__file__).resolve().parent.parent / "clients" / "kafkajs"
 NODE = shutil.which("node")
@@ -78,6 +79,7 @@ def test_produce_and_consume_from_offset(gateway, codec, missing_codecs):
     )
     assert created == {"created": True, "partitions": [0]}
     assert sent == [{"partition": 0, "errorCode": 0, "baseOffset": 0}]
+    assert set(stored_codecs(gateway.bootstrap, topic)) == {CODEC_IDS[codec]}
     assert [m["offset"] for m in got] == list(range(len(rows)))
     assert as_rows(got) == rows
     # from the middle: a seek lands on the exact record even inside a compressed batch

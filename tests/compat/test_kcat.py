@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
-import struct
 import subprocess
 import time
 import uuid
@@ -23,12 +21,9 @@ KCAT = shutil.which("kcat")
 if KCAT is None:
     pytest.skip("kcat is not installed", allow_module_level=True)
 
-from gateway.protocol.frames import decode_response, encode_request  # noqa: E402
-from tiering.batch import scan_batches  # noqa: E402
-
 from .scenario import CODECS, records  # noqa: E402
+from .stored_batches import CODEC_IDS, stored_codecs  # noqa: E402
 
-CODEC_IDS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 KEY_DELIM = "|"
 
 
@@ -76,33 +71,6 @@ def as_rows(msgs: list[dict]):
         rows.append((b(m["key"]), b(m["payload"]),
                      [(flat[i], flat[i + 1].encode()) for i in range(0, len(flat), 2)]))
     return rows
-
-
-def stored_codecs(bootstrap: str, topic: str, partition: int = 0) -> list[int]:
-    """The compression codec of every batch the gateway serves, read with a raw Fetch v4."""
-    host, port = bootstrap.split(":")
-    body = {"replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": 64 << 20,
-            "isolation_level": 0,
-            "topics": [{"topic": topic, "partitions": [{"partition": partition, "fetch_offset": 0,
-                                                        "partition_max_bytes": 64 << 20}]}]}
-    with socket.create_connection((host, int(port)), timeout=10) as s:
-        s.sendall(encode_request(1, 4, 7, body))
-        size = struct.unpack(">i", _read_exactly(s, 4))[0]
-        _, resp = decode_response(1, 4, _read_exactly(s, size))
-    part = resp.responses[0].partitions[0]
-    assert part.error_code == 0
-    batches, valid = scan_batches(part.records)
-    assert valid == len(part.records)
-    return [h.compression for _, h in batches]
-
-
-def _read_exactly(s: socket.socket, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        assert chunk, "connection closed"
-        buf += chunk
-    return buf
 
 
 def test_metadata_lists_auto_created_topic(gateway_factory):

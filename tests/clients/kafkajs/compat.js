@@ -64,6 +64,14 @@ function toHeaders(pairs) {
 
 const sleep = ms => new Promise(resolve => setTimeout(resolve, ms))
 
+// Resolves when `promise` does or after `ms`, and clears its timer so that the process
+// can exit as soon as the job is done.
+function within(promise, ms) {
+  let timer
+  const expired = new Promise(resolve => (timer = setTimeout(resolve, ms)))
+  return Promise.race([promise, expired]).finally(() => clearTimeout(timer))
+}
+
 async function createTopic(kafka, step) {
   const admin = kafka.admin()
   await admin.connect()
@@ -137,7 +145,7 @@ async function consume(kafka, step) {
     for (const s of step.seek || []) {
       consumer.seek({ topic: step.topic, partition: s.partition, offset: String(s.offset) })
     }
-    await Promise.race([enough, sleep(step.timeoutMs || 20000)])
+    await within(enough, step.timeoutMs || 20000)
     await sleep(step.lingerMs || 0)
     if (step.commit) {
       const next = {}
