@@ -18,7 +18,7 @@ from typing import Callable
 from coordinator.model import ClusterStore, PartitionState, SegmentEntry, TopicInfo
 from tiering import layout
 from tiering.manifest import SegmentRecord, write_manifest
-from tiering.objectstore.base import ObjectStore
+from tiering.objectstore.base import ObjectNotFound, ObjectStore
 from tiering.remote import RemoteCache
 from tiering.segment import ActiveSegment
 
@@ -38,6 +38,15 @@ MAINTENANCE_TICK_S = 0.25
 CLUSTER_TICK_S = 0.25
 MANIFESTS_KEPT = 3
 SWAPPED_OBJECT_GRACE_S = 30.0
+SEGMENT_EXTENSIONS = (layout.LOG, layout.INDEX, layout.TIMEINDEX)
+
+
+def _segment_base(key: str) -> str | None:
+    """The key base of a segment object key, or None for anything else."""
+    for ext in SEGMENT_EXTENSIONS:
+        if key.endswith(ext):
+            return key[:-len(ext)]
+    return None
 
 
 def validate_topic_name(name: str) -> None:
@@ -79,6 +88,10 @@ class Broker:
         self._hw_event = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._uploading: dict[tuple[str, int], asyncio.Task] = {}
+        self._uploading_bases: set[str] = set()  # segment key bases being uploaded/committed
+        self._swapped_bases: set[str] = set()  # replaced segments waiting out their grace
+        self._segment_locks: dict[tuple[str, int], asyncio.Lock] = {}
+        self._orphan_candidates: set[str] = set()
         self._manifest_versions: dict[tuple[str, int], int] = {}
         self._topic_lock = asyncio.Lock()
         self._producer_ids = (0, 0)  # next, end of the reserved block
@@ -448,19 +461,35 @@ class Broker:
             last = max(add, key=lambda a: a.last_offset)
             add = [a if a is not last else SegmentEntry(**{**a.__dict__, "producers": removed[-1].producers})
                    for a in add]
-        try:
-            await self.store.replace_segments(plog.topic_id, partition, remove, add)
-        except Exception as e:  # noqa: BLE001 - a concurrent change wins; the caller retries
-            raise KafkaError(ErrorCode.INVALID_REQUEST, f"swap refused: {e}") from None
+        # Under the lock the orphan sweep holds: a rewrite it already collected (uploaded
+        # too long before this swap) is refused here instead of committed as a dangling entry.
+        async with self._segment_lock((topic, partition)):
+            for a in add:
+                for ext in SEGMENT_EXTENSIONS:
+                    try:
+                        await self.objects.size(a.key_base + ext)
+                    except ObjectNotFound:
+                        raise KafkaError(ErrorCode.INVALID_REQUEST,
+                                         f"segment object {a.key_base + ext} does not exist; "
+                                         "upload the rewrite again") from None
+            try:
+                await self.store.replace_segments(plog.topic_id, partition, remove, add)
+            except Exception as e:  # noqa: BLE001 - a concurrent change wins; the caller retries
+                raise KafkaError(ErrorCode.INVALID_REQUEST, f"swap refused: {e}") from None
         plog.sealed = sorted([s for s in plog.sealed if s.base_offset not in remove] + add,
                              key=lambda s: s.base_offset)
         await self._write_manifest(plog)
-        keys = [s.key_base + ext for s in removed for ext in (layout.LOG, layout.INDEX, layout.TIMEINDEX)]
-        self._tasks.append(asyncio.create_task(self._delete_later(keys), name="delete-swapped"))
+        bases = [s.key_base for s in removed]
+        self._swapped_bases.update(bases)
+        self._tasks.append(asyncio.create_task(self._delete_later(bases), name="delete-swapped"))
 
-    async def _delete_later(self, keys: list[str]) -> None:
+    async def _delete_later(self, bases: list[str]) -> None:
         await asyncio.sleep(SWAPPED_OBJECT_GRACE_S)
-        await self.objects.delete(keys)
+        await self.objects.delete([b + ext for b in bases for ext in SEGMENT_EXTENSIONS])
+        self._swapped_bases.difference_update(bases)
+
+    def _segment_lock(self, key: tuple[str, int]) -> asyncio.Lock:
+        return self._segment_locks.setdefault(key, asyncio.Lock())
 
     async def refresh_group_lag(self) -> None:
         lag = {}
@@ -541,6 +570,12 @@ class Broker:
                 entry = await self._upload_segment(plog, seg)
             except asyncio.CancelledError:
                 raise
+            except Fenced as e:
+                # Leadership moved: the next sync drops this log; uploading again under the
+                # old epoch would only make more objects that can never be committed.
+                log.info("sealing %s-%d at %d fenced: %s", plog.topic, plog.partition,
+                         seg.base_offset, e)
+                return
             except Exception as e:  # noqa: BLE001 - retried on the next pass
                 log.warning("sealing %s-%d at %d failed: %s", plog.topic, plog.partition,
                             seg.base_offset, e)
@@ -554,13 +589,18 @@ class Broker:
         key_base = layout.segment_key_base(plog.topic, plog.topic_id, plog.partition,
                                            sealed.base_offset, plog.leader_epoch, uuid.uuid4().hex[:12])
         data = await asyncio.to_thread(Path(sealed.log_path).read_bytes)
-        await self.objects.put(key_base + layout.LOG, data)
-        await self.objects.put(key_base + layout.INDEX, sealed.index_bytes)
-        await self.objects.put(key_base + layout.TIMEINDEX, sealed.timeindex_bytes)
-        entry = SegmentEntry(sealed.base_offset, sealed.last_offset, key_base, sealed.size,
-                             sealed.min_timestamp, sealed.max_timestamp, plog.leader_epoch,
-                             getattr(seg, "producer_snapshot", {}))
-        await self.store.commit_segment(plog.topic_id, plog.partition, entry, plog.leader_epoch)
+        # Until committed these objects are unreferenced: keep the orphan sweep off them.
+        self._uploading_bases.add(key_base)
+        try:
+            await self.objects.put(key_base + layout.LOG, data)
+            await self.objects.put(key_base + layout.INDEX, sealed.index_bytes)
+            await self.objects.put(key_base + layout.TIMEINDEX, sealed.timeindex_bytes)
+            entry = SegmentEntry(sealed.base_offset, sealed.last_offset, key_base, sealed.size,
+                                 sealed.min_timestamp, sealed.max_timestamp, plog.leader_epoch,
+                                 getattr(seg, "producer_snapshot", {}))
+            await self.store.commit_segment(plog.topic_id, plog.partition, entry, plog.leader_epoch)
+        finally:
+            self._uploading_bases.discard(key_base)
         return entry
 
     async def _write_manifest(self, plog: PartitionLog) -> None:
@@ -607,6 +647,7 @@ class Broker:
             self._last_retention = self.clock()
             await self.apply_retention()
             await self.collect_wal_garbage()
+            await self.collect_segment_orphans()
             for plog in self.logs.values():
                 plog.producers.expire(now_ms, self.config["producer.id.expiration.ms"])
             await self.refresh_group_lag()
@@ -643,19 +684,66 @@ class Broker:
                                    for ext in (layout.LOG, layout.INDEX, layout.TIMEINDEX)])
 
     async def collect_wal_garbage(self) -> None:
-        """Delete WAL objects whose every range is sealed, deleted or below the log start."""
+        """Delete WAL objects whose every range is sealed, deleted or below the log start,
+        and this gateway's uploads that were never committed."""
         obsolete = await self.store.obsolete_wal_objects()
-        if not obsolete:
-            return
-        await self.store.delete_wal_objects([(o.gateway_id, o.sequence) for o in obsolete])
-        await self.objects.delete([o.key for o in obsolete])
+        if obsolete:
+            # Objects first: an obsolete entry is never read, so one left behind by a failed
+            # delete below is harmless and retried next pass, whereas an object whose entry
+            # went first would be referenced by nothing and never collected.
+            await self.objects.delete([o.key for o in obsolete])
+            await self.store.delete_wal_objects([(o.gateway_id, o.sequence) for o in obsolete])
+        await self._collect_orphan_wal_objects(self.wal.settled_below())
 
-    async def _collect_orphan_wal_objects(self) -> None:
-        """WAL objects of this gateway that were uploaded but never committed are invisible;
-        at start, before the first flush, any such object is garbage."""
+    async def _collect_orphan_wal_objects(self, below: int | None = None) -> None:
+        """WAL objects of this gateway that were uploaded but never committed are invisible:
+        any with a sequence under `below` (all, at start before the first flush) is garbage,
+        whether its flush was fenced or the process died between upload and commit."""
         committed = {o.key for o in await self.store.wal_objects()}
-        orphans = [o.key for o in await self.objects.list(f"wal/{self.node_id}/")
-                   if o.key not in committed]
+        orphans = []
+        for o in await self.objects.list(layout.wal_prefix(self.node_id)):
+            try:
+                seq = layout.parse_wal_key(o.key).sequence
+            except ValueError:
+                continue
+            if o.key not in committed and (below is None or seq < below):
+                orphans.append(o.key)
         if orphans:
             log.info("removing %d uncommitted WAL object(s)", len(orphans))
             await self.objects.delete(orphans)
+
+    async def collect_segment_orphans(self) -> None:
+        """Delete segment objects of the partitions we lead that no segment entry names:
+        uploads whose commit was fenced, that failed half way, or whose gateway died before
+        committing, and sealed segments whose entry was dropped but whose objects were not.
+
+        An object is collected only when two passes in a row found it unreferenced, so a
+        rewrite uploaded by a compaction job has a whole retention-check interval to be
+        swapped in (and the swap, under the same lock, refuses objects already collected).
+        Our own uploads in progress and swapped-out segments in their read grace are skipped."""
+        previous, candidates = self._orphan_candidates, set()
+        for key, plog in list(self.logs.items()):
+            prefix = layout.partition_segment_prefix(plog.topic, plog.topic_id, plog.partition)
+            async with self._segment_lock(key):
+                if self.logs.get(key) is not plog:
+                    continue
+                listed = await self.objects.list(prefix)
+                if not listed:
+                    continue
+                # Read after listing: anything committed meanwhile is seen as referenced.
+                referenced = {s.key_base for s in await self.store.segments(plog.topic_id, plog.partition)}
+                doomed = []
+                for o in listed:
+                    base = _segment_base(o.key)
+                    if base is None or base in referenced or base in self._uploading_bases \
+                            or base in self._swapped_bases:
+                        continue
+                    if o.key in previous:
+                        doomed.append(o.key)
+                    else:
+                        candidates.add(o.key)
+                if doomed:
+                    log.info("%s-%d: removing %d uncommitted segment object(s)", plog.topic,
+                             plog.partition, len(doomed))
+                    await self.objects.delete(doomed)
+        self._orphan_candidates = candidates

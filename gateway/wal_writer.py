@@ -66,6 +66,7 @@ class WalWriter:
         self.on_fenced = on_fenced
         self.clock = clock
         self.sequence = 0
+        self.inflight: int | None = None  # sequence of the object being uploaded/committed
         self._pending = _Pending()
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -147,6 +148,7 @@ class WalWriter:
         ranges = tuple(WalRange(i.topic_id, i.partition, i.base_offset, i.last_offset,
                                 i.position, i.length, i.max_timestamp) for i in infos)
         obj = WalObject(self.gateway_id, seq, key, ranges)
+        self.inflight = seq
         try:
             await self._retry("upload", lambda: self.objects.put(key, data))
             put_done = self.clock()
@@ -159,7 +161,15 @@ class WalWriter:
             self.on_fenced(list(p.epochs) + list(queued.epochs))
             for failed in (p, queued):
                 failed.fail_all(WalCommitFailed(str(e)))
+            # Nothing will ever commit this object: remove it now rather than leave it for
+            # the next start. If that fails, `settled_below` lets the periodic sweep do it.
+            try:
+                await self.objects.delete([key])
+            except Exception as de:  # noqa: BLE001 - the sweep retries it
+                log.warning("could not delete fenced WAL object %s: %s", key, de)
             return
+        finally:
+            self.inflight = None
         self.flushes += 1
         self.last_commit_seconds = self.clock() - put_done
         self.last_flush_seconds = self.clock() - started
@@ -170,6 +180,11 @@ class WalWriter:
         for fut in p.done.values():
             if not fut.done():
                 fut.set_result(None)
+
+    def settled_below(self) -> int:
+        """Every object of this gateway with a lower sequence is either committed or will
+        never be (its flush is over): an uncommitted one is garbage."""
+        return self.inflight if self.inflight is not None else self.sequence
 
     async def _retry(self, what: str, op):
         """Retry until it works: acknowledged data must not be dropped because the store

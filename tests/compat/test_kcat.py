@@ -1,7 +1,7 @@
 """kcat (librdkafka's command-line client) against a real `stratalog serve`.
 
 kcat has no way to create a topic, so topics are auto-created by the first produce with
-the gateway's `num.partitions`. Its -H headers apply to every message of one run, so the
+the gateway's `num.partitions` (3 here). Its -H headers apply to every message of one run, so the
 scenario records (each with its own headers) are produced one kcat run per record; a
 second test produces many records in one run so librdkafka really compresses them (it
 sends a batch uncompressed when compression would not make it smaller).
@@ -21,10 +21,20 @@ KCAT = shutil.which("kcat")
 if KCAT is None:
     pytest.skip("kcat is not installed", allow_module_level=True)
 
+from conftest import GatewayProcess  # noqa: E402
+
 from .scenario import CODECS, records  # noqa: E402
 from .stored_batches import CODEC_IDS, stored_codecs  # noqa: E402
 
 KEY_DELIM = "|"
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory):
+    """One gateway for the whole file: every test uses its own topics and groups."""
+    gw = GatewayProcess(tmp_path_factory.mktemp("kcat") / "data", {"num.partitions": 3}).start()
+    yield gw
+    gw.stop()
 
 
 def kcat(*args: str, stdin: str | None = None, timeout: float = 30) -> str:
@@ -73,8 +83,8 @@ def as_rows(msgs: list[dict]):
     return rows
 
 
-def test_metadata_lists_auto_created_topic(gateway_factory):
-    gw = gateway_factory(settings={"num.partitions": 3})
+def test_metadata_lists_auto_created_topic(gateway):
+    gw = gateway
     topic = f"kc-meta-{uuid.uuid4().hex[:6]}"
     produce(gw.bootstrap, topic, ["k|v"])
     meta = json.loads(kcat("-L", "-J", "-b", gw.bootstrap, "-t", topic))
@@ -115,8 +125,8 @@ def test_compressed_batches_round_trip(gateway, codec):
     assert as_rows(msgs) == expected
 
 
-def test_group_commit_and_resume(gateway_factory):
-    gw = gateway_factory(settings={"num.partitions": 3})
+def test_group_commit_and_resume(gateway):
+    gw = gateway
     topic = f"kc-group-{uuid.uuid4().hex[:6]}"
     values = [f"v{i}" for i in range(30)]
     for p in range(3):
