@@ -24,9 +24,10 @@ if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/nu
     || echo "could not install ${missing[*]}; their tests will skip"
 fi
 
-if command -v npm >/dev/null && [ ! -d tests/clients/kafkajs/node_modules/kafkajs ]; then
-  (cd tests/clients/kafkajs && npm install --silent --no-audit --no-fund >/dev/null 2>&1) \
-    || echo "could not install kafkajs; its tests will skip"
+if command -v npm >/dev/null; then
+  # `npm ci` installs exactly the lockfile (KafkaJS and its codec packages) every run.
+  (cd tests/clients/kafkajs && npm ci --silent --no-audit --no-fund >/dev/null 2>&1) \
+    || echo "could not install kafkajs or its codecs; those tests will skip"
 fi
 
 export PYSPARK_PYTHON="$PWD/.venv/bin/python"

@@ -108,21 +108,43 @@ CLUSTER_SETTINGS = {"broker.session.timeout.ms": 2000, "wal.flush.ms": 20,
 
 
 def start_cluster(gateway_factory, etcd, tmp_path, n: int, *, s3: MotoS3 | None = None,
-                  s3_endpoint: str | None = None, **settings):
+                  s3_endpoint: str | None = None, s3_endpoints: dict[int, str] | None = None,
+                  **settings):
     """n gateways (broker ids 1..n) on one etcd and one object store: the moto bucket when
-    `s3` is given (through `s3_endpoint`, e.g. a fault proxy, when that is given too), else a
-    shared file:// store under tmp_path."""
-    if s3 is not None:
-        store = ["--object-store", s3.url, "--s3-endpoint", s3_endpoint or s3.endpoint,
-                 "--s3-path-style"]
-    else:
-        store = ["--object-store", (tmp_path / "objects").as_uri()]
+    `s3` is given, else a shared file:// store under tmp_path. `s3_endpoint` (all gateways)
+    or `s3_endpoints` (by broker id) put e.g. a fault proxy between gateways and moto."""
     gws = []
-    for i in range(n):
+    for i in range(1, n + 1):
+        if s3 is not None:
+            endpoint = (s3_endpoints or {}).get(i) or s3_endpoint or s3.endpoint
+            store = ["--object-store", s3.url, "--s3-endpoint", endpoint, "--s3-path-style"]
+        else:
+            store = ["--object-store", (tmp_path / "objects").as_uri()]
         gws.append(gateway_factory(
             settings={**CLUSTER_SETTINGS, **settings},
-            extra_args=["--coordinator", etcd.url, *store, "--broker-id", str(i + 1)]))
+            extra_args=["--coordinator", etcd.url, *store, "--broker-id", str(i)]))
     return gws
+
+
+def restart_all(gws) -> None:
+    """SIGKILL every gateway, then start them all again at once (a start waits until the
+    gateway has recovered the partitions it leads, which the others' starts overlap)."""
+    for gw in gws:
+        gw.kill9()
+    errors: list[BaseException] = []
+
+    def start(gw) -> None:
+        try:
+            gw.start(timeout=120)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=start, args=(gw,)) for gw in gws]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert not errors, errors
 
 
 def bootstrap_of(gws) -> str:
@@ -191,6 +213,24 @@ def coordinator_snapshot(etcd_url: str) -> dict:
                 "states": await store.all_partition_states(), "segments": segments}
 
     return coordinator_call(etcd_url, read)
+
+
+def orphaned_objects(s3: MotoS3, etcd_url: str) -> list[str]:
+    """Objects under wal/ that no committed WAL entry names, and segment objects under
+    topics/ that no segment entry names (listing first, so a commit racing the listing
+    makes an object look referenced, never orphaned)."""
+    listed = s3.keys("wal/") + s3.keys("topics/")
+    snap = coordinator_snapshot(etcd_url)
+    wal = {o.key for o in snap["wal"]}
+    bases = {s.key_base for segs in snap["segments"].values() for s in segs}
+    out = []
+    for key in listed:
+        if key.startswith("wal/"):
+            if key not in wal:
+                out.append(key)
+        elif key.rsplit(".", 1)[0] not in bases:
+            out.append(key)
+    return out
 
 
 # ---- clients -------------------------------------------------------------------------------

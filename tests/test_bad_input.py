@@ -114,3 +114,16 @@ def test_fuzzed_frames_never_kill_the_gateway(gateway, body, key, version):
         pass
     s.close()
     assert gateway.proc.poll() is None
+
+
+def test_produce_v0_is_refused_although_advertised(gateway):
+    """Produce v0 is listed in ApiVersions only so that old librdkafka (kcat) enables
+    compression; a v0 request itself gets the connection closed."""
+    s = _connect(gateway)
+    s.sendall(encode_request(18, 3, 1, {}))
+    _, body = decode_response(18, 3, _recv_frame(s))
+    produce = next(k for k in body.api_keys if k.api_key == 0)
+    assert produce.min_version == 0
+    s.sendall(encode_request(0, 0, 2, {"acks": 1, "timeout_ms": 1000, "topic_data": []}))
+    assert _closed(s)
+    s.close()

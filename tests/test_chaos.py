@@ -11,8 +11,10 @@ import pytest
 
 from cluster_fixtures import (  # noqa: F401 - etcd and moto_s3 are fixtures
     GroupConsumer, ProducerLoad, bootstrap_of, check_group, check_log, coordinator_snapshot,
-    create_topic, etcd, group_committed, leaders, moto_s3, read_everything, start_cluster,
-    try_leaders, unique_topic, wait_for)
+    create_topic, etcd, group_committed, leaders, moto_s3, orphaned_objects, read_everything,
+    restart_all, start_cluster, try_leaders, unique_topic, wait_for)
+from s3_fault_proxy import FaultProxy, FaultRule
+from tiering.batch import scan_batches
 
 pytestmark = pytest.mark.slow
 
@@ -88,3 +90,212 @@ def test_rolling_kill9_with_idempotent_producers_and_a_group(gateway_factory, et
              what="all three gateways to be live and lead partitions")
     for gw in gws:
         assert gw.proc.poll() is None, gw.log_tail()
+
+
+def acks_between(producers, start: float, end: float) -> list:
+    return [a for p in producers for a in p.acks if start < a.at < end]
+
+
+@pytest.mark.timeout(300)
+def test_etcd_outage_stops_acks_all_until_it_is_back(gateway_factory, etcd, moto_s3, tmp_path):
+    partitions = 6
+    gws = start_cluster(gateway_factory, etcd, tmp_path, 3, s3=moto_s3)
+    bootstrap = bootstrap_of(gws)
+    topic = unique_topic("chaos-etcd")
+    create_topic(bootstrap, topic, partitions)
+    wait_for(lambda: all_lead(bootstrap, topic), what="every gateway to lead")
+    producer = ProducerLoad(1, bootstrap, topic, partitions, rate=80)
+    producer.start()
+    try:
+        wait_for(lambda: producer.ack_count() >= 200, what="the first acknowledgements")
+        # Once paused (SIGSTOP: requests hang) and once restarted (stop: refused, then a
+        # fresh etcd process on the same data directory).
+        for outage in ("pause", "restart"):
+            down_at = time.monotonic()
+            if outage == "pause":
+                etcd.proc.send_signal(signal.SIGSTOP)
+            else:
+                etcd.stop()
+            time.sleep(8)
+            up_at = time.monotonic()
+            if outage == "pause":
+                etcd.proc.send_signal(signal.SIGCONT)
+            else:
+                etcd.start()
+            # Replies to commits etcd made just before it went are allowed a moment to
+            # arrive; after that, nothing may be acknowledged until it is back.
+            late = acks_between([producer], down_at + 1.0, up_at)
+            assert not late, f"{len(late)} records acknowledged while etcd was {outage}d, " \
+                             f"first {late[0]}"
+            assert producer.failed == [], producer.failed[:3]
+            wait_for(lambda: len(acks_between([producer], up_at, float("inf"))) >= 200, timeout=60,
+                     what=f"acknowledgements to resume after the etcd {outage}")
+        outstanding = producer.stop()
+    except BaseException:
+        producer.stop(0)
+        raise
+    assert outstanding == 0
+    assert not producer.fatal and not producer.produce_errors and not producer.failed, \
+        (producer.fatal, producer.produce_errors, producer.failed[:3])
+    for gw in gws:
+        assert gw.proc.poll() is None, gw.log_tail()
+    check_log(read_everything(bootstrap, topic, partitions), [producer])
+
+
+S3_FAULTS = (
+    # One stall each for an upload and a read: held until the gateway's S3 read timeout.
+    FaultRule(("PUT",), "stall", fraction=0.05, count=1),
+    FaultRule(("GET",), "stall", fraction=0.05, count=1),
+    FaultRule(("PUT", "GET"), "500", fraction=0.06),
+    FaultRule(("PUT", "GET"), "503", fraction=0.06),
+    FaultRule(("PUT", "GET"), "drop", fraction=0.04),
+    FaultRule(("PUT",), "lost_reply", fraction=0.04),
+    FaultRule(("LIST", "DELETE", "HEAD"), "503", fraction=0.05),
+)
+
+
+@pytest.mark.timeout(420)
+def test_s3_faults_never_lose_acknowledged_data_or_leak_objects(gateway_factory, etcd, moto_s3,
+                                                                 tmp_path):
+    partitions = 6
+    proxy = FaultProxy(moto_s3.endpoint, seed=7).start()
+    try:
+        gws = start_cluster(gateway_factory, etcd, tmp_path, 3, s3=moto_s3, s3_endpoint=proxy.endpoint,
+                            **{"log.roll.ms": 2000, "log.retention.check.interval.ms": 1000})
+        bootstrap = bootstrap_of(gws)
+        topic = unique_topic("chaos-s3")
+        create_topic(bootstrap, topic, partitions)
+        wait_for(lambda: all_lead(bootstrap, topic), what="every gateway to lead")
+        producer = ProducerLoad(1, bootstrap, topic, partitions, rate=60)
+        producer.start()
+        try:
+            wait_for(lambda: producer.ack_count() >= 100, what="the first acknowledgements")
+            proxy.set_rules(*S3_FAULTS)
+            time.sleep(12)
+            # Every gateway dies at once while faults go on; each rebuilds what it leads
+            # from the store through the same faults.
+            restart_all(gws)
+            before = producer.ack_count()
+            wait_for(lambda: producer.ack_count() >= before + 300, timeout=120,
+                     what="acknowledgements to go on after the restart")
+            outstanding = producer.stop(180)
+        except BaseException:
+            producer.stop(0)
+            raise
+        assert outstanding == 0
+        assert not producer.fatal and not producer.produce_errors and not producer.failed, \
+            (producer.fatal, producer.produce_errors, producer.failed[:3])
+        for action in ("500", "503", "drop", "lost_reply", "stall"):
+            assert proxy.count("PUT", action) > 0, f"no PUT got {action}: {proxy.faults}"
+        assert proxy.count("GET") > 0, proxy.faults
+
+        check_log(read_everything(bootstrap, topic, partitions), [producer])
+        restart_all(gws)
+        check_log(read_everything(bootstrap, topic, partitions), [producer])
+
+        # With the store healthy again every partition seals its last records, garbage
+        # collection removes the WAL objects they made obsolete, and the orphan sweeps remove
+        # what failed, fenced or killed uploads left behind.
+        proxy.clear()
+        try:
+            wait_for(lambda: not orphaned_objects(moto_s3, etcd.url) and not moto_s3.keys("wal/"),
+                     timeout=60, what="garbage collection", interval=1.0)
+        except AssertionError:
+            left = orphaned_objects(moto_s3, etcd.url)
+            raise AssertionError(f"{len(left)} orphaned object(s), e.g. {left[:5]}; "
+                                 f"WAL objects left: {moto_s3.keys('wal/')[:5]}") from None
+        assert coordinator_snapshot(etcd.url)["wal"] == []
+        check_log(read_everything(bootstrap, topic, partitions), [producer])
+    finally:
+        proxy.stop()
+
+
+def wal_batch_epochs(s3, obj) -> dict[tuple, set[int]]:
+    """(topic id, partition) -> the partition leader epochs stamped on the batches of one
+    committed WAL object."""
+    client = s3.client()
+    out: dict[tuple, set[int]] = {}
+    for r in obj.ranges:
+        body = client.get_object(Bucket=s3.bucket, Key=f"{s3.prefix}/{obj.key}",
+                                 Range=f"bytes={r.position}-{r.position + r.length - 1}")["Body"].read()
+        batches, valid = scan_batches(body, validate_crc=True)
+        assert valid == len(body), f"{obj.key}: corrupt range at {r.position}"
+        out.setdefault((r.topic_id, r.partition), set()).update(h.partition_leader_epoch for _, h in batches)
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_paused_gateway_is_fenced_and_rejoins(gateway_factory, etcd, moto_s3, tmp_path):
+    partitions = 6
+    proxy = FaultProxy(moto_s3.endpoint).start()  # between gateway 2 and the store only
+    try:
+        gws = start_cluster(gateway_factory, etcd, tmp_path, 3, s3=moto_s3,
+                            s3_endpoints={2: proxy.endpoint})
+        zombie = gws[1]
+        bootstrap = bootstrap_of(gws)
+        topic = unique_topic("chaos-zombie")
+        create_topic(bootstrap, topic, partitions)
+        wait_for(lambda: all_lead(bootstrap, topic), what="every gateway to lead")
+        producer = ProducerLoad(1, bootstrap, topic, partitions, rate=60,
+                                config={"request.timeout.ms": 5000})
+        producer.start()
+        try:
+            wait_for(lambda: producer.ack_count() >= 100, what="the first acknowledgements")
+            snap = coordinator_snapshot(etcd.url)
+            info = snap["topics"][topic]
+            led = {p: st.leader_epoch for p, st in snap["states"][info.topic_id].items() if st.leader == 2}
+            assert led, "gateway 2 leads nothing"
+            seq_before = max((o.sequence for o in snap["wal"] if o.gateway_id == 2), default=0)
+
+            # Gateway 2's next WAL upload hangs in the network; then the process freezes
+            # with the upload in flight, and stays frozen until its partitions have moved.
+            proxy.set_rules(FaultRule(("PUT",), "hold", key_contains="wal/"))
+            wait_for(lambda: proxy.held() >= 1, what="a WAL upload of gateway 2 to hang")
+            held_key = next(r.key for r, action in proxy.log if action == "hold")
+            held_key = held_key[len(moto_s3.prefix) + 1:]
+            zombie.proc.send_signal(signal.SIGSTOP)
+            try:
+                moved = wait_for(lambda: (lambda l: l if l and all(l[p] not in (2, -1) for p in led)
+                                          else None)(try_leaders(gws[0].bootstrap, topic)),
+                                 what="the controller to move gateway 2's partitions")
+                moved_at = time.monotonic()
+                wait_for(lambda: {a.partition for a in acks_between([producer], moved_at, 1e18)} >= set(led),
+                         timeout=60, what="the new leaders to acknowledge records")
+                # The upload completes into the frozen process, which then wakes up and
+                # tries to commit the object under its old leader epochs.
+                proxy.clear()
+                proxy.release()
+                wait_for(lambda: held_key in moto_s3.keys("wal/"), what="the held upload to land")
+            finally:
+                zombie.proc.send_signal(signal.SIGCONT)
+            # Its commit is fenced: the object is never committed, and the zombie removes it.
+            wait_for(lambda: held_key not in moto_s3.keys("wal/"), timeout=30,
+                     what="the fenced WAL object to be removed")
+            assert held_key not in {o.key for o in coordinator_snapshot(etcd.url)["wal"]}
+            assert zombie.proc.poll() is None, zombie.log_tail()
+            # It rejoins as a healthy member: it leads partitions again and they take writes.
+            wait_for(lambda: all_lead(bootstrap, topic), timeout=60, what="gateway 2 to lead again")
+            back = {p for p, l in leaders(bootstrap, topic).items() if l == 2}
+            back_at = time.monotonic()
+            wait_for(lambda: {a.partition for a in acks_between([producer], back_at, 1e18)} >= back,
+                     timeout=60, what="gateway 2 to acknowledge records again")
+            outstanding = producer.stop()
+        except BaseException:
+            producer.stop(0)
+            raise
+        assert outstanding == 0
+        assert not producer.fatal and not producer.produce_errors and not producer.failed, \
+            (producer.fatal, producer.produce_errors, producer.failed[:3])
+        check_log(read_everything(bootstrap, topic, partitions), [producer])
+
+        # Whatever gateway 2 committed after it was frozen carries only leader epochs it was
+        # given after it woke up: nothing under the epochs it had been fenced out of.
+        snap = coordinator_snapshot(etcd.url)
+        later = [o for o in snap["wal"] if o.gateway_id == 2 and o.sequence > seq_before]
+        for obj in later:
+            for (tid, p), epochs in wal_batch_epochs(moto_s3, obj).items():
+                if tid == info.topic_id and p in led:
+                    assert min(epochs) > led[p], \
+                        f"{obj.key}: partition {p} batches at epochs {epochs}, fenced at {led[p]}"
+    finally:
+        proxy.stop()

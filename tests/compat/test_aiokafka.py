@@ -13,7 +13,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa:
 from aiokafka import codec as acodec  # noqa: E402
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: E402
 
-from conftest import GatewayProcess  # noqa: E402
 
 from .scenario import CODECS, records  # noqa: E402
 from .stored_batches import CODEC_IDS, stored_codecs  # noqa: E402
@@ -22,14 +21,6 @@ from .stored_batches import CODEC_IDS, stored_codecs  # noqa: E402
 # skipped with the package to install.
 CODEC_PACKAGE = {"gzip": (acodec.has_gzip, "stdlib"), "snappy": (acodec.has_snappy, "cramjam"),
                  "lz4": (acodec.has_lz4, "cramjam"), "zstd": (acodec.has_zstd, "cramjam")}
-
-
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory):
-    """One gateway for the whole file: every test uses its own topics and groups."""
-    gw = GatewayProcess(tmp_path_factory.mktemp("aiokafka") / "data").start()
-    yield gw
-    gw.stop()
 
 
 async def create_topic(bootstrap: str, name: str, partitions: int = 1) -> None:

@@ -12,7 +12,6 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition  # noqa: E402
 from kafka import codec as kcodec  # noqa: E402
 from kafka.admin import KafkaAdminClient, NewTopic  # noqa: E402
 
-from conftest import GatewayProcess  # noqa: E402
 
 from .scenario import CODECS, records  # noqa: E402
 from .stored_batches import CODEC_IDS, stored_codecs  # noqa: E402
@@ -21,14 +20,6 @@ from .stored_batches import CODEC_IDS, stored_codecs  # noqa: E402
 # skipped with the package to install.
 CODEC_PACKAGE = {"gzip": (kcodec.has_gzip, "stdlib"), "snappy": (kcodec.has_snappy, "python-snappy"),
                  "lz4": (kcodec.has_lz4, "lz4"), "zstd": (kcodec.has_zstd, "zstandard")}
-
-
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory):
-    """One gateway for the whole file: every test uses its own topics and groups."""
-    gw = GatewayProcess(tmp_path_factory.mktemp("kafka_python") / "data").start()
-    yield gw
-    gw.stop()
 
 
 def create_topic(bootstrap: str, name: str, partitions: int = 1) -> None:

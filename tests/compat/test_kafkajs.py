@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import GatewayProcess
 
 from .scenario import CODECS, records
 from .stored_batches import CODEC_IDS, stored_codecs
@@ -28,14 +27,6 @@ if NODE is None:
 if not (CLIENT_DIR / "node_modules" / "kafkajs").is_dir():
     pytest.skip("kafkajs is not installed: run `npm install` in tests/clients/kafkajs",
                 allow_module_level=True)
-
-
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory):
-    """One gateway for the whole file: every test uses its own topics and groups."""
-    gw = GatewayProcess(tmp_path_factory.mktemp("kafkajs") / "data").start()
-    yield gw
-    gw.stop()
 
 
 def run(bootstrap: str, *steps: dict, timeout: float = 60) -> list:

@@ -21,7 +21,6 @@ KCAT = shutil.which("kcat")
 if KCAT is None:
     pytest.skip("kcat is not installed", allow_module_level=True)
 
-from conftest import GatewayProcess  # noqa: E402
 
 from .scenario import CODECS, records  # noqa: E402
 from .stored_batches import CODEC_IDS, stored_codecs  # noqa: E402
@@ -29,12 +28,7 @@ from .stored_batches import CODEC_IDS, stored_codecs  # noqa: E402
 KEY_DELIM = "|"
 
 
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory):
-    """One gateway for the whole file: every test uses its own topics and groups."""
-    gw = GatewayProcess(tmp_path_factory.mktemp("kcat") / "data", {"num.partitions": 3}).start()
-    yield gw
-    gw.stop()
+GATEWAY_SETTINGS = {"num.partitions": 3}
 
 
 def kcat(*args: str, stdin: str | None = None, timeout: float = 30) -> str:
@@ -84,11 +78,10 @@ def as_rows(msgs: list[dict]):
 
 
 def test_metadata_lists_auto_created_topic(gateway):
-    gw = gateway
     topic = f"kc-meta-{uuid.uuid4().hex[:6]}"
-    produce(gw.bootstrap, topic, ["k|v"])
-    meta = json.loads(kcat("-L", "-J", "-b", gw.bootstrap, "-t", topic))
-    assert [b["name"] for b in meta["brokers"]] == [gw.bootstrap]
+    produce(gateway.bootstrap, topic, ["k|v"])
+    meta = json.loads(kcat("-L", "-J", "-b", gateway.bootstrap, "-t", topic))
+    assert [b["name"] for b in meta["brokers"]] == [gateway.bootstrap]
     (t,) = meta["topics"]
     assert t["topic"] == topic
     assert sorted(p["partition"] for p in t["partitions"]) == [0, 1, 2]
@@ -126,13 +119,12 @@ def test_compressed_batches_round_trip(gateway, codec):
 
 
 def test_group_commit_and_resume(gateway):
-    gw = gateway
     topic = f"kc-group-{uuid.uuid4().hex[:6]}"
     values = [f"v{i}" for i in range(30)]
     for p in range(3):
-        produce(gw.bootstrap, topic, [f"k{i}{KEY_DELIM}{values[i]}" for i in range(p, 30, 3)],
+        produce(gateway.bootstrap, topic, [f"k{i}{KEY_DELIM}{values[i]}" for i in range(p, 30, 3)],
                 partition=p)
-    group = ["-b", gw.bootstrap, "-G", f"g-{topic}", "-X", "auto.offset.reset=earliest",
+    group = ["-b", gateway.bootstrap, "-G", f"g-{topic}", "-X", "auto.offset.reset=earliest",
              "-X", "session.timeout.ms=6000", "-X", "heartbeat.interval.ms=500"]
     # kcat commits the offsets of the messages it printed when it leaves the group
     first = [json.loads(x) for x in kcat(*group, "-J", "-c", "12", topic).splitlines()]

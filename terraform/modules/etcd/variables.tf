@@ -81,7 +81,7 @@ variable "root_volume_size" {
 }
 
 variable "data_volume_size" {
-  description = "Size of each member's persistent data volume, in GiB; etcd's backend quota is capped below it"
+  description = "Size of each member's persistent data volume, in GiB; keep it well above `quota_backend_bytes`"
   type        = number
   default     = 20
 }
