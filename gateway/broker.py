@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from coordinator.model import ClusterStore, PartitionState, SegmentEntry, TopicInfo
+from coordinator.model import ClusterStore, Fenced, PartitionState, SegmentEntry, TopicInfo
 from tiering import layout
 from tiering.manifest import SegmentRecord, write_manifest
 from tiering.objectstore.base import ObjectNotFound, ObjectStore
@@ -211,6 +211,11 @@ class Broker:
 
     def replica_view(self, topic: str, partition: int) -> ReplicaView | None:
         return self.replicas.get((topic, partition))
+
+    def leader_epoch(self, topic: str, partition: int) -> int:
+        info = self.topics.get(topic)
+        st = self.states.get(info.topic_id, {}).get(partition) if info else None
+        return st.leader_epoch if st else -1
 
     def preferred_read_replica(self, topic: str, partition: int, client_rack: str | None) -> int:
         """KIP-392: an in-sync replica in the client's rack, when the leader is not in it."""

@@ -27,11 +27,20 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 # librdkafka logs every refused connection while a gateway is down; the tests check
-# outcomes instead, so client logs go to a logger nobody shows.
+# outcomes instead, so client logs go to a logger that only `log_clients_to` shows.
 QUIET = logging.getLogger("cluster_fixtures.rdkafka")
 QUIET.propagate = False
-QUIET.addHandler(logging.NullHandler())
-QUIET.disabled = True
+QUIET.setLevel(logging.DEBUG)
+
+
+def log_clients_to(path: Path) -> None:
+    """Send the clients' own logs to a file (for reading after a failure)."""
+    for h in list(QUIET.handlers):
+        QUIET.removeHandler(h)
+        h.close()
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    QUIET.addHandler(handler)
 
 BUCKET = "stratalog-test"
 PREFIX = "cluster"
@@ -267,7 +276,8 @@ class ProducerLoad(threading.Thread):
         self.config = {"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
                        "linger.ms": 5, "message.timeout.ms": 180_000,
                        "topic.metadata.refresh.interval.ms": 2000,
-                       "error_cb": self._error, "logger": QUIET, **(config or {})}
+                       "error_cb": self._error, "logger": QUIET, "debug": "eos",
+                       **(config or {})}
         self.acks: list[Ack] = []
         self.failed: list[tuple[bytes, str]] = []
         self.fatal: list[str] = []
@@ -346,7 +356,8 @@ class GroupConsumer(threading.Thread):
                                   "enable.auto.commit": False, "auto.offset.reset": "earliest",
                                   "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000,
                                   "topic.metadata.refresh.interval.ms": 2000,
-                                  "error_cb": self._error, "logger": QUIET, **(config or {})})
+                                  "error_cb": self._error, "logger": QUIET, "debug": "eos",
+                       **(config or {})})
         self.consumed: dict[int, dict[int, bytes]] = defaultdict(dict)  # partition -> offset -> value
         self.committed: dict[int, int] = {}  # partition -> last offset committed successfully
         self.commit_failures = 0

@@ -11,7 +11,7 @@ import pytest
 
 from cluster_fixtures import (  # noqa: F401 - etcd and moto_s3 are fixtures
     GroupConsumer, ProducerLoad, bootstrap_of, check_group, check_log, coordinator_snapshot,
-    create_topic, etcd, group_committed, leaders, moto_s3, orphaned_objects, read_everything,
+    create_topic, etcd, group_committed, leaders, log_clients_to, moto_s3, orphaned_objects, read_everything,
     restart_all, start_cluster, try_leaders, unique_topic, wait_for)
 from s3_fault_proxy import FaultProxy, FaultRule
 from tiering.batch import scan_batches
@@ -27,6 +27,7 @@ def all_lead(bootstrap: str, topic: str, ids=(1, 2, 3)) -> bool:
 @pytest.mark.timeout(420)
 def test_rolling_kill9_with_idempotent_producers_and_a_group(gateway_factory, etcd, moto_s3, tmp_path):
     partitions = 12
+    log_clients_to(tmp_path / "clients.log")
     gws = start_cluster(gateway_factory, etcd, tmp_path, 3, s3=moto_s3,
                         **{"log.roll.ms": 8000, "log.retention.check.interval.ms": 2000})
     bootstrap = bootstrap_of(gws)

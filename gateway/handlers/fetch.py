@@ -7,7 +7,6 @@ never stall on a large batch; after that, partitions are filled while they fit.
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from gateway.protocol.error_codes import ErrorCode
@@ -40,33 +39,46 @@ async def _read_all(broker, req, version: int) -> tuple[list, int]:
                 entry["error_code"] = (ErrorCode.UNKNOWN_TOPIC_ID if version >= 13
                                        else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
                 continue
-            plog = broker.partition_leader(name, p.partition)
-            if plog is None:
+            source = broker.partition_leader(name, p.partition)
+            if source is not None:
+                epoch = source.leader_epoch
+            else:
+                # A follower serves consumers that the leader sent to it (KIP-392).
+                source = broker.replica_view(name, p.partition)
+                epoch = broker.leader_epoch(name, p.partition)
+            if source is None:
                 count = broker.partition_count(name)
                 entry["error_code"] = (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                                        if count is None or p.partition >= count
                                        else ErrorCode.NOT_LEADER_OR_FOLLOWER)
                 continue
-            if version >= 9 and p.current_leader_epoch >= 0 and p.current_leader_epoch != plog.leader_epoch:
+            if version >= 9 and p.current_leader_epoch >= 0 and p.current_leader_epoch != epoch:
                 entry["error_code"] = (ErrorCode.FENCED_LEADER_EPOCH
-                                       if p.current_leader_epoch < plog.leader_epoch
+                                       if p.current_leader_epoch < epoch
                                        else ErrorCode.UNKNOWN_LEADER_EPOCH)
                 continue
-            entry["high_watermark"] = plog.high_watermark
-            entry["last_stable_offset"] = plog.high_watermark
-            entry["log_start_offset"] = plog.log_start_offset
+            entry["high_watermark"] = source.high_watermark
+            entry["last_stable_offset"] = source.high_watermark
+            entry["log_start_offset"] = source.log_start_offset
             offset = p.fetch_offset
-            if offset < plog.log_start_offset or offset > plog.high_watermark:
+            if offset < source.log_start_offset or offset > source.high_watermark:
                 entry["error_code"] = ErrorCode.OFFSET_OUT_OF_RANGE
                 continue
+            if version >= 11 and req.rack_id:
+                preferred = broker.preferred_read_replica(name, p.partition, req.rack_id)
+                if preferred >= 0:
+                    entry["preferred_read_replica"] = preferred
+                    continue
             limit = min(p.partition_max_bytes, remaining)
             if limit <= 0 and total > 0:
                 continue
-            data = await plog.read(offset, max(limit, 1), broker.cache)
+            data = await source.read(offset, max(limit, 1), broker.cache)
             if data:
                 entry["records"] = data
                 total += len(data)
                 remaining -= len(data)
+                if broker.metrics is not None:
+                    broker.metrics.fetched(name, len(data))
         responses.append({"topic": name if name is not None else t.get("topic", ""),
                           "topic_id": topic_id, "partitions": parts})
     return responses, total

@@ -64,6 +64,9 @@ def _produce_partition(broker, topic: str, index: int, records, now_ms: int):
                 base = stored.base_offset
             wait = broker.wal.add(plog, stored.base_offset, stored.last_offset, stored.max_timestamp, data)
         broker.maybe_roll(plog)
+        if broker.metrics is not None:
+            broker.metrics.produced(topic, sum(h.size for h, _ in batches),
+                                    sum(h.records_count for h, _ in batches))
         resp["base_offset"] = base
         resp["log_start_offset"] = plog.log_start_offset
         if log_append:
