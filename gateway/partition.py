@@ -26,7 +26,9 @@ from tiering.objectstore.base import ObjectStore
 from tiering.remote import RemoteCache
 from tiering.segment import ActiveSegment
 
-from .producers import BatchMeta, ProducerTable
+from .errors import KafkaError
+from .producers import BatchMeta, OutOfOrderSequence, ProducerTable
+from .protocol.error_codes import ErrorCode
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,7 @@ class PartitionLog:
         self.rolled: list[ActiveSegment] = []  # sealed locally, waiting to be uploaded
         self.active: ActiveSegment | None = None
         self.producers = ProducerTable()
+        self._appended_producers: set[int] = set()  # producer ids appended to since recovery
         # (leader epoch, first offset) in offset order, for OffsetForLeaderEpoch
         self.epochs: list[tuple[int, int]] = []
         self.now_ms = now_ms
@@ -139,11 +142,29 @@ class PartitionLog:
     # ---- write path --------------------------------------------------------------------
 
     def check_duplicate(self, h: BatchHeader) -> BatchMeta | None:
-        """The original of a retried idempotent batch, or None; raises on a sequence error."""
+        """The original of a retried idempotent batch, or None; raises on a sequence error.
+
+        A sequence gap from a producer that has not yet appended to this log instance is
+        answered NOT_LEADER_OR_FOLLOWER rather than OUT_OF_ORDER_SEQUENCE_NUMBER. This log
+        was just rebuilt from committed data (new leadership, or ours again after a fenced
+        flush), so the batches in the gap were refused by the previous leadership with a
+        retriable error (or never answered) and the producer will resend them; it must
+        resend this one after them. OUT_OF_ORDER makes librdkafka bump its producer epoch,
+        and a bump resends batches it is unsure of on every partition under a sequence the
+        leaders cannot recognise, which duplicates records that had been committed.
+        Committed data is never lost, so nothing else leaves a gap here.
+        """
         if h.producer_id < 0:
             return None
-        return self.producers.check(h.producer_id, h.producer_epoch, h.base_sequence,
-                                    h.last_offset_delta + 1)
+        try:
+            return self.producers.check(h.producer_id, h.producer_epoch, h.base_sequence,
+                                        h.last_offset_delta + 1)
+        except OutOfOrderSequence as e:
+            if h.producer_id in self._appended_producers:
+                raise
+            raise KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                             f"leadership of {self.topic}-{self.partition} was just taken over; "
+                             f"resend the earlier batches first ({e})") from None
 
     def append(self, batch: memoryview, h: BatchHeader, *, now_ms: int,
                log_append_time: bool) -> tuple[bytearray, BatchHeader]:
@@ -162,6 +183,7 @@ class PartitionLog:
         if h.producer_id >= 0:
             self.producers.record(h.producer_id, h.producer_epoch, h.base_sequence,
                                   h.last_offset_delta + 1, base, stored.last_offset, now_ms)
+            self._appended_producers.add(h.producer_id)
         return data, stored
 
     def committed(self, end_offset: int) -> None:

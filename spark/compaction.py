@@ -247,17 +247,18 @@ def retained_offsets(spark, plan: Plan):
     bounds = spark.createDataFrame(
         [(g.group_id, g.partition, g.base_offset, g.last_offset) for g in plan.groups],
         "group_id int, partition int, lo long, hi long")
-    located = (kept.join(F.broadcast(bounds), (kept.partition == bounds.partition)
-                         & kept.offset.between(bounds.lo, bounds.hi))
-               .select("group_id", "offset"))
+    located = (kept.join(F.broadcast(bounds), (kept["partition"] == bounds["partition"])
+                         & kept["offset"].between(bounds["lo"], bounds["hi"]))
+               .select(bounds["group_id"], kept["offset"]))
     placeholders = bounds.select("group_id", F.lit(None).cast("long").alias("offset"))
     return located.unionByName(placeholders)
 
 
 # ---- 3. rewrite ----------------------------------------------------------------------
 
-RESULT_SCHEMA = ("group_id int, partition int, base_offset long, last_offset long, key_base string, "
-                 "size long, min_timestamp long, max_timestamp long, leader_epoch int, "
+# Python ints become Arrow int64: every whole number here is a long.
+RESULT_SCHEMA = ("group_id long, partition long, base_offset long, last_offset long, key_base string, "
+                 "size long, min_timestamp long, max_timestamp long, leader_epoch long, "
                  "records_in long, records_out long, bytes_in long, unchanged boolean")
 
 
@@ -354,8 +355,12 @@ def rewrite(spark, plan: Plan) -> list[dict]:
     """Run steps 2 and 3 on Spark; one result row per group."""
     if not plan.groups:
         return []
-    rows = (retained_offsets(spark, plan).groupBy("group_id")
-            .applyInArrow(_Rewriter(plan), RESULT_SCHEMA).collect())
+    worker = _Rewriter(plan)
+
+    def per_group(key, table):  # Spark inspects the arity, which a bound __call__ hides
+        return worker(key, table)
+
+    rows = retained_offsets(spark, plan).groupBy("group_id").applyInArrow(per_group, RESULT_SCHEMA).collect()
     return [row.asDict() for row in rows]
 
 
@@ -386,6 +391,9 @@ def swap(plan: Plan, rows: list[dict], admin_url: str, *, timeout_s: float = 30.
     store = plan.spec.open()
     by_group = {r["group_id"]: r for r in rows}
     results = []
+    # The gateway names segments to remove by base offset, which a rewrite keeps; the key
+    # bases tell whether another job swapped them since this plan was made.
+    current = ManifestMetadata(store, plan.topic, str(plan.topic_id)).snapshot().partitions
     for p in plan.partitions():
         every = plan.groups_of(p)
         # A group copied byte for byte was not uploaded: it stays as it is.
@@ -407,6 +415,15 @@ def swap(plan: Plan, rows: list[dict], admin_url: str, *, timeout_s: float = 30.
                                         "min_timestamp", "max_timestamp", "leader_epoch")}
                     for r in sorted(done, key=lambda r: r["base_offset"])],
         }
+        live = {s.key_base for s in current[p].segments} if p in current else set()
+        stale = [s.key_base for g in groups for s in g.inputs if s.key_base not in live]
+        if stale:
+            store.delete(new_keys)
+            result.status = "conflict"
+            result.message = (f"segment {stale[0]} is no longer in the log (retention or another "
+                              "compaction replaced it); new objects deleted")
+            results.append(result)
+            continue
         url = f"{admin_url.rstrip('/')}/v1/topics/{plan.topic}/partitions/{p}/segments/replace"
         status, text = _post(url, body, timeout_s)
         if status == 200:

@@ -58,7 +58,6 @@ module "etcd" {
   key_name           = var.etcd_key_name
   data_volume_size   = var.etcd_data_volume_size
   etcd_version       = var.etcd_version
-  kms_key_arn        = var.kms_key_arn
 
   tags = var.tags
 }

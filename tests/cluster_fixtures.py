@@ -110,6 +110,17 @@ def moto_s3(monkeypatch):
     server.stop()
 
 
+@pytest.fixture
+def fault_proxy(moto_s3):
+    """A fault-injecting proxy in front of moto (no faults until the test sets rules).
+    List it before gateway_factory so the gateways stop before it does."""
+    from s3_fault_proxy import FaultProxy
+
+    proxy = FaultProxy(moto_s3.endpoint, seed=7).start()
+    yield proxy
+    proxy.stop()
+
+
 # ---- gateways ------------------------------------------------------------------------------
 
 CLUSTER_SETTINGS = {"broker.session.timeout.ms": 2000, "wal.flush.ms": 20,

@@ -11,10 +11,11 @@ import pytest
 
 from cluster_fixtures import (  # noqa: F401 - etcd and moto_s3 are fixtures
     GroupConsumer, ProducerLoad, bootstrap_of, check_group, check_log, coordinator_snapshot,
-    create_topic, etcd, group_committed, leaders, log_clients_to, moto_s3, orphaned_objects, read_everything,
-    restart_all, start_cluster, try_leaders, unique_topic, wait_for)
-from s3_fault_proxy import FaultProxy, FaultRule
+    create_topic, etcd, fault_proxy, group_committed, leaders, log_clients_to, moto_s3, orphaned_objects,
+    read_everything, restart_all, start_cluster, try_leaders, unique_topic, wait_for)
+from s3_fault_proxy import FaultRule
 from tiering.batch import scan_batches
+from tiering.layout import parse_wal_key
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +26,7 @@ def all_lead(bootstrap: str, topic: str, ids=(1, 2, 3)) -> bool:
 
 
 @pytest.mark.timeout(420)
-def test_rolling_kill9_with_idempotent_producers_and_a_group(gateway_factory, etcd, moto_s3, tmp_path):
+def test_rolling_kill9_with_idempotent_producers_and_a_group(etcd, moto_s3, gateway_factory, tmp_path):
     partitions = 12
     log_clients_to(tmp_path / "clients.log")
     gws = start_cluster(gateway_factory, etcd, tmp_path, 3, s3=moto_s3,
@@ -98,7 +99,7 @@ def acks_between(producers, start: float, end: float) -> list:
 
 
 @pytest.mark.timeout(300)
-def test_etcd_outage_stops_acks_all_until_it_is_back(gateway_factory, etcd, moto_s3, tmp_path):
+def test_etcd_outage_stops_acks_all_until_it_is_back(etcd, moto_s3, gateway_factory, tmp_path):
     partitions = 6
     gws = start_cluster(gateway_factory, etcd, tmp_path, 3, s3=moto_s3)
     bootstrap = bootstrap_of(gws)
@@ -156,59 +157,56 @@ S3_FAULTS = (
 
 
 @pytest.mark.timeout(420)
-def test_s3_faults_never_lose_acknowledged_data_or_leak_objects(gateway_factory, etcd, moto_s3,
-                                                                 tmp_path):
+def test_s3_faults_never_lose_acknowledged_data_or_leak_objects(etcd, moto_s3, fault_proxy,
+                                                                 gateway_factory, tmp_path):
     partitions = 6
-    proxy = FaultProxy(moto_s3.endpoint, seed=7).start()
+    proxy = fault_proxy
+    gws = start_cluster(gateway_factory, etcd, tmp_path, 3, s3=moto_s3, s3_endpoint=proxy.endpoint,
+                        **{"log.roll.ms": 2000, "log.retention.check.interval.ms": 1000})
+    bootstrap = bootstrap_of(gws)
+    topic = unique_topic("chaos-s3")
+    create_topic(bootstrap, topic, partitions)
+    wait_for(lambda: all_lead(bootstrap, topic), what="every gateway to lead")
+    producer = ProducerLoad(1, bootstrap, topic, partitions, rate=60)
+    producer.start()
     try:
-        gws = start_cluster(gateway_factory, etcd, tmp_path, 3, s3=moto_s3, s3_endpoint=proxy.endpoint,
-                            **{"log.roll.ms": 2000, "log.retention.check.interval.ms": 1000})
-        bootstrap = bootstrap_of(gws)
-        topic = unique_topic("chaos-s3")
-        create_topic(bootstrap, topic, partitions)
-        wait_for(lambda: all_lead(bootstrap, topic), what="every gateway to lead")
-        producer = ProducerLoad(1, bootstrap, topic, partitions, rate=60)
-        producer.start()
-        try:
-            wait_for(lambda: producer.ack_count() >= 100, what="the first acknowledgements")
-            proxy.set_rules(*S3_FAULTS)
-            time.sleep(12)
-            # Every gateway dies at once while faults go on; each rebuilds what it leads
-            # from the store through the same faults.
-            restart_all(gws)
-            before = producer.ack_count()
-            wait_for(lambda: producer.ack_count() >= before + 300, timeout=120,
-                     what="acknowledgements to go on after the restart")
-            outstanding = producer.stop(180)
-        except BaseException:
-            producer.stop(0)
-            raise
-        assert outstanding == 0
-        assert not producer.fatal and not producer.produce_errors and not producer.failed, \
-            (producer.fatal, producer.produce_errors, producer.failed[:3])
-        for action in ("500", "503", "drop", "lost_reply", "stall"):
-            assert proxy.count("PUT", action) > 0, f"no PUT got {action}: {proxy.faults}"
-        assert proxy.count("GET") > 0, proxy.faults
-
-        check_log(read_everything(bootstrap, topic, partitions), [producer])
+        wait_for(lambda: producer.ack_count() >= 100, what="the first acknowledgements")
+        proxy.set_rules(*S3_FAULTS)
+        time.sleep(12)
+        # Every gateway dies at once while faults go on; each rebuilds what it leads
+        # from the store through the same faults.
         restart_all(gws)
-        check_log(read_everything(bootstrap, topic, partitions), [producer])
+        before = producer.ack_count()
+        wait_for(lambda: producer.ack_count() >= before + 300, timeout=120,
+                 what="acknowledgements to go on after the restart")
+        outstanding = producer.stop(180)
+    except BaseException:
+        producer.stop(0)
+        raise
+    assert outstanding == 0
+    assert not producer.fatal and not producer.produce_errors and not producer.failed, \
+        (producer.fatal, producer.produce_errors, producer.failed[:3])
+    for action in ("500", "503", "drop", "lost_reply", "stall"):
+        assert proxy.count("PUT", action) > 0, f"no PUT got {action}: {proxy.faults}"
+    assert proxy.count("GET") > 0, proxy.faults
 
-        # With the store healthy again every partition seals its last records, garbage
-        # collection removes the WAL objects they made obsolete, and the orphan sweeps remove
-        # what failed, fenced or killed uploads left behind.
-        proxy.clear()
-        try:
-            wait_for(lambda: not orphaned_objects(moto_s3, etcd.url) and not moto_s3.keys("wal/"),
-                     timeout=60, what="garbage collection", interval=1.0)
-        except AssertionError:
-            left = orphaned_objects(moto_s3, etcd.url)
-            raise AssertionError(f"{len(left)} orphaned object(s), e.g. {left[:5]}; "
-                                 f"WAL objects left: {moto_s3.keys('wal/')[:5]}") from None
-        assert coordinator_snapshot(etcd.url)["wal"] == []
-        check_log(read_everything(bootstrap, topic, partitions), [producer])
-    finally:
-        proxy.stop()
+    check_log(read_everything(bootstrap, topic, partitions), [producer])
+    restart_all(gws)
+    check_log(read_everything(bootstrap, topic, partitions), [producer])
+
+    # With the store healthy again every partition seals its last records, garbage
+    # collection removes the WAL objects they made obsolete, and the orphan sweeps remove
+    # what failed, fenced or killed uploads left behind.
+    proxy.clear()
+    try:
+        wait_for(lambda: not orphaned_objects(moto_s3, etcd.url) and not moto_s3.keys("wal/"),
+                 timeout=60, what="garbage collection", interval=1.0)
+    except AssertionError:
+        left = orphaned_objects(moto_s3, etcd.url)
+        raise AssertionError(f"{len(left)} orphaned object(s), e.g. {left[:5]}; "
+                             f"WAL objects left: {moto_s3.keys('wal/')[:5]}") from None
+    assert coordinator_snapshot(etcd.url)["wal"] == []
+    check_log(read_everything(bootstrap, topic, partitions), [producer])
 
 
 def wal_batch_epochs(s3, obj) -> dict[tuple, set[int]]:
@@ -226,77 +224,78 @@ def wal_batch_epochs(s3, obj) -> dict[tuple, set[int]]:
 
 
 @pytest.mark.timeout(300)
-def test_paused_gateway_is_fenced_and_rejoins(gateway_factory, etcd, moto_s3, tmp_path):
+def test_paused_gateway_is_fenced_and_rejoins(etcd, moto_s3, fault_proxy, gateway_factory, tmp_path):
     partitions = 6
-    proxy = FaultProxy(moto_s3.endpoint).start()  # between gateway 2 and the store only
+    proxy = fault_proxy  # between gateway 2 and the store only
+    gws = start_cluster(gateway_factory, etcd, tmp_path, 3, s3=moto_s3,
+                        s3_endpoints={2: proxy.endpoint})
+    zombie = gws[1]
+    bootstrap = bootstrap_of(gws)
+    topic = unique_topic("chaos-zombie")
+    create_topic(bootstrap, topic, partitions)
+    wait_for(lambda: all_lead(bootstrap, topic), what="every gateway to lead")
+    producer = ProducerLoad(1, bootstrap, topic, partitions, rate=60,
+                            config={"request.timeout.ms": 5000})
+    producer.start()
     try:
-        gws = start_cluster(gateway_factory, etcd, tmp_path, 3, s3=moto_s3,
-                            s3_endpoints={2: proxy.endpoint})
-        zombie = gws[1]
-        bootstrap = bootstrap_of(gws)
-        topic = unique_topic("chaos-zombie")
-        create_topic(bootstrap, topic, partitions)
-        wait_for(lambda: all_lead(bootstrap, topic), what="every gateway to lead")
-        producer = ProducerLoad(1, bootstrap, topic, partitions, rate=60,
-                                config={"request.timeout.ms": 5000})
-        producer.start()
-        try:
-            wait_for(lambda: producer.ack_count() >= 100, what="the first acknowledgements")
-            snap = coordinator_snapshot(etcd.url)
-            info = snap["topics"][topic]
-            led = {p: st.leader_epoch for p, st in snap["states"][info.topic_id].items() if st.leader == 2}
-            assert led, "gateway 2 leads nothing"
-            seq_before = max((o.sequence for o in snap["wal"] if o.gateway_id == 2), default=0)
-
-            # Gateway 2's next WAL upload hangs in the network; then the process freezes
-            # with the upload in flight, and stays frozen until its partitions have moved.
-            proxy.set_rules(FaultRule(("PUT",), "hold", key_contains="wal/"))
-            wait_for(lambda: proxy.held() >= 1, what="a WAL upload of gateway 2 to hang")
-            held_key = next(r.key for r, action in proxy.log if action == "hold")
-            held_key = held_key[len(moto_s3.prefix) + 1:]
-            zombie.proc.send_signal(signal.SIGSTOP)
-            try:
-                moved = wait_for(lambda: (lambda l: l if l and all(l[p] not in (2, -1) for p in led)
-                                          else None)(try_leaders(gws[0].bootstrap, topic)),
-                                 what="the controller to move gateway 2's partitions")
-                moved_at = time.monotonic()
-                wait_for(lambda: {a.partition for a in acks_between([producer], moved_at, 1e18)} >= set(led),
-                         timeout=60, what="the new leaders to acknowledge records")
-                # The upload completes into the frozen process, which then wakes up and
-                # tries to commit the object under its old leader epochs.
-                proxy.clear()
-                proxy.release()
-                wait_for(lambda: held_key in moto_s3.keys("wal/"), what="the held upload to land")
-            finally:
-                zombie.proc.send_signal(signal.SIGCONT)
-            # Its commit is fenced: the object is never committed, and the zombie removes it.
-            wait_for(lambda: held_key not in moto_s3.keys("wal/"), timeout=30,
-                     what="the fenced WAL object to be removed")
-            assert held_key not in {o.key for o in coordinator_snapshot(etcd.url)["wal"]}
-            assert zombie.proc.poll() is None, zombie.log_tail()
-            # It rejoins as a healthy member: it leads partitions again and they take writes.
-            wait_for(lambda: all_lead(bootstrap, topic), timeout=60, what="gateway 2 to lead again")
-            back = {p for p, l in leaders(bootstrap, topic).items() if l == 2}
-            back_at = time.monotonic()
-            wait_for(lambda: {a.partition for a in acks_between([producer], back_at, 1e18)} >= back,
-                     timeout=60, what="gateway 2 to acknowledge records again")
-            outstanding = producer.stop()
-        except BaseException:
-            producer.stop(0)
-            raise
-        assert outstanding == 0
-        assert not producer.fatal and not producer.produce_errors and not producer.failed, \
-            (producer.fatal, producer.produce_errors, producer.failed[:3])
-        check_log(read_everything(bootstrap, topic, partitions), [producer])
-
-        # Whatever gateway 2 committed after it was frozen carries only leader epochs it was
-        # given after it woke up: nothing under the epochs it had been fenced out of.
+        wait_for(lambda: producer.ack_count() >= 100, what="the first acknowledgements")
         snap = coordinator_snapshot(etcd.url)
-        later = [o for o in snap["wal"] if o.gateway_id == 2 and o.sequence > seq_before]
-        for obj in later:
-            for (tid, p), epochs in wal_batch_epochs(moto_s3, obj).items():
-                if tid == info.topic_id and p in led:
-                    assert min(epochs) > led[p], \
-                        f"{obj.key}: partition {p} batches at epochs {epochs}, fenced at {led[p]}"
-    finally:
-        proxy.stop()
+        info = snap["topics"][topic]
+        frozen_epochs = {p: st.leader_epoch for p, st in snap["states"][info.topic_id].items()}
+        led = {p for p, st in snap["states"][info.topic_id].items() if st.leader == 2}
+        assert led, "gateway 2 leads nothing"
+
+        # Gateway 2's next WAL upload hangs in the network; then the process freezes
+        # with the upload in flight, and stays frozen until its partitions have moved.
+        proxy.set_rules(FaultRule(("PUT",), "hold", key_contains="wal/"))
+        wait_for(lambda: proxy.held() >= 1, what="a WAL upload of gateway 2 to hang")
+        held_key = next(r.key for r, action in proxy.log if action == "hold")
+        held_key = held_key[len(moto_s3.prefix) + 1:]
+        # Flushes run one at a time: every object before this one was settled before the
+        # freeze, and every later one is flushed after the wake-up.
+        held_seq = parse_wal_key(held_key).sequence
+        zombie.proc.send_signal(signal.SIGSTOP)
+        try:
+            wait_for(lambda: (lambda l: l if l and all(l[p] not in (2, -1) for p in led)
+                                      else None)(try_leaders(gws[0].bootstrap, topic)),
+                             what="the controller to move gateway 2's partitions")
+            moved_at = time.monotonic()
+            wait_for(lambda: {a.partition for a in acks_between([producer], moved_at, 1e18)} >= set(led),
+                     timeout=60, what="the new leaders to acknowledge records")
+            # The upload completes into the frozen process, which then wakes up and
+            # tries to commit the object under its old leader epochs.
+            proxy.clear()
+            proxy.release()
+            wait_for(lambda: held_key in moto_s3.keys("wal/"), what="the held upload to land")
+        finally:
+            zombie.proc.send_signal(signal.SIGCONT)
+        # Its commit is fenced: the object is never committed, and the zombie removes it.
+        wait_for(lambda: held_key not in moto_s3.keys("wal/"), timeout=30,
+                 what="the fenced WAL object to be removed")
+        assert held_key not in {o.key for o in coordinator_snapshot(etcd.url)["wal"]}
+        assert zombie.proc.poll() is None, zombie.log_tail()
+        # It rejoins as a healthy member: it leads partitions again and they take writes.
+        wait_for(lambda: all_lead(bootstrap, topic), timeout=60, what="gateway 2 to lead again")
+        back = {p for p, l in leaders(bootstrap, topic).items() if l == 2}
+        back_at = time.monotonic()
+        wait_for(lambda: {a.partition for a in acks_between([producer], back_at, 1e18)} >= back,
+                 timeout=60, what="gateway 2 to acknowledge records again")
+        outstanding = producer.stop()
+    except BaseException:
+        producer.stop(0)
+        raise
+    assert outstanding == 0
+    assert not producer.fatal and not producer.produce_errors and not producer.failed, \
+        (producer.fatal, producer.produce_errors, producer.failed[:3])
+    check_log(read_everything(bootstrap, topic, partitions), [producer])
+
+    # Whatever gateway 2 committed after it was frozen carries only leader epochs it was
+    # given after it woke up: nothing under the epochs it had been fenced out of.
+    snap = coordinator_snapshot(etcd.url)
+    later = [o for o in snap["wal"] if o.gateway_id == 2 and o.sequence >= held_seq]
+    assert later and held_seq not in {o.sequence for o in later}
+    for obj in later:
+        for (tid, p), epochs in wal_batch_epochs(moto_s3, obj).items():
+            assert tid == info.topic_id
+            assert min(epochs) > frozen_epochs[p], \
+                f"{obj.key}: partition {p} batches at epochs {epochs}, frozen at {frozen_epochs[p]}"

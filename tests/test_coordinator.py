@@ -650,7 +650,7 @@ def test_embedded_persists_across_reopen(tmp_path):
         await s.commit_offsets("g", {("p", 1): CommittedOffset(17, 0, "x", 3)})
         lease = await s.kv.grant_lease(60)
         await s.register_broker(1, "127.0.0.1", 9092, None, lease)
-        assert await s.brokers() == {1: {"host": "127.0.0.1", "port": 9092, "rack": None}}
+        assert await s.brokers() == {1: {"host": "127.0.0.1", "port": 9092, "rack": None, "lagging": []}}
         rev = await s.kv.put("/other", b"1")
         cid = await s.cluster_id()
         await s.close()

@@ -544,8 +544,8 @@ def test_compose_parses_and_gateways_are_distinct():
 
 def test_compose_bucket_job_creates_the_bucket_against_moto(tmp_path):
     pytest.importorskip("moto", reason="moto is not installed")
-    from moto.server import ThreadedMotoServer
     import boto3
+    from moto_fixture import MotoServer
 
     compose = load_compose()
     job = compose["services"]["create-bucket"]
@@ -553,10 +553,9 @@ def test_compose_bucket_job_creates_the_bucket_against_moto(tmp_path):
     assert job["entrypoint"] == ["python", "-c"]
     bucket = gateway_services(compose)["gateway-1"]["command"]
     bucket = bucket[bucket.index("--object-store") + 1].split("/")[2]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_block(1))
-    server.start()
+    server = MotoServer(port=free_block(1)).start()
     try:
-        endpoint = f"http://127.0.0.1:{server._port}"
+        endpoint = server.url
         env = {**os.environ, **job["environment"]}
         for _ in range(2):  # idempotent: a restarted job must succeed too
             done = subprocess.run([sys.executable, "-c", script.replace("http://s3:5000", endpoint)],

@@ -31,11 +31,11 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def moto_endpoint():
-    server_module = pytest.importorskip("moto.server", reason="moto[server] is not installed")
-    port = free_port()
-    server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
+    pytest.importorskip("moto.server", reason="moto[server] is not installed")
+    from moto_fixture import MotoServer
+
+    server = MotoServer(port=free_port()).start()
+    yield server.url
     server.stop()
 
 

@@ -12,6 +12,7 @@ import importlib
 import inspect
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -127,22 +128,40 @@ def _client(service: str, url: str):
 # ---------------------------------------------------------------------------------------------
 
 
-def test_every_module_has_the_standard_files_and_documented_variables():
+OUTPUT_PREFIXES = {
+    "modules/bucket": ("s3_bucket_",),
+    "modules/iam": ("iam_",),
+    "modules/etcd": ("etcd_",),
+    "modules/gateways": ("gateways_",),
+    "modules/security": ("security_group_",),
+    ".": ("s3_bucket_", "iam_", "etcd_", "gateways_", "security_group_"),
+}
+
+
+def _blocks(path: Path, kind: str) -> dict[str, str]:
+    """Top-level `kind "name" { ... }` blocks of a file, by name."""
+    found = re.findall(rf'^{kind} "([^"]+)" {{\n(.*?)^}}', path.read_text(), flags=re.M | re.S)
+    return dict(found)
+
+
+def test_every_module_follows_the_conventions():
     for config in CONFIGS:
         d = TERRAFORM_SRC / config
         for name in ("main.tf", "variables.tf", "outputs.tf", "versions.tf"):
             assert (d / name).is_file(), f"{config} lacks {name}"
-        variables = (d / "variables.tf").read_text()
-        blocks = variables.split('variable "')[1:]
-        assert blocks, f"{config} declares no variable"
-        for block in blocks:
-            var = block.split('"', 1)[0]
-            assert "description =" in block and "type        =" in block, f"{config}: {var} untyped or undescribed"
+        variables = _blocks(d / "variables.tf", "variable")
+        assert variables, f"{config} declares no variable"
+        for var, body in variables.items():
+            assert re.search(r"^  description\s*= \"\S", body, re.M), f"{config}: {var} has no description"
+            assert re.search(r"^  type\s*= \S", body, re.M), f"{config}: {var} has no type"
+        outputs = _blocks(d / "outputs.tf", "output")
+        assert outputs, f"{config} declares no output"
+        for out, body in outputs.items():
+            assert re.search(r"^  description\s*= \"\S", body, re.M), f"{config}: output {out} has no description"
+            if config in OUTPUT_PREFIXES:
+                assert out.startswith(OUTPUT_PREFIXES[config]), f"{config}: output {out} is not prefixed"
     assert not list(TERRAFORM_SRC.rglob(".terraform")), "a .terraform directory was left in the repository"
-
-
-def _declared(path: Path, kind: str) -> list[str]:
-    return [block.split('"', 1)[0] for block in path.read_text().split(f'{kind} "')[1:]]
+    assert not list(TERRAFORM_SRC.rglob("*.tfstate*")), "a state file was left in the repository"
 
 
 def test_readme_tables_list_every_input_and_output():
@@ -150,9 +169,9 @@ def test_readme_tables_list_every_input_and_output():
     sections = {chunk.split("\n", 1)[0].strip(): chunk for chunk in readme.split("\n### ")[1:]}
     for config in CONFIGS:
         section = sections["Root module" if config == "." else config]
-        for name in _declared(TERRAFORM_SRC / config / "variables.tf", "variable"):
+        for name in _blocks(TERRAFORM_SRC / config / "variables.tf", "variable"):
             assert f"| `{name}` |" in section, f"README lacks input {name} of {config}"
-        for name in _declared(TERRAFORM_SRC / config / "outputs.tf", "output"):
+        for name in _blocks(TERRAFORM_SRC / config / "outputs.tf", "output"):
             assert f"| `{name}` |" in section, f"README lacks output {name} of {config}"
 
 
@@ -186,7 +205,7 @@ def test_validate(validations, config):
     assert result["warning_count"] == 0, result["diagnostics"]
 
 
-def test_a_bad_cluster_prefix_is_rejected_before_anything_is_created(tf_tree, tf_env, tmp_path):
+def test_a_bad_cluster_prefix_is_rejected_before_anything_is_created(tf_tree, tf_env):
     """Variable validations are live: a prefix with a leading slash fails the plan with a clear
     message. The endpoints point at a closed local port, so reaching AWS would fail differently."""
     closed = f"http://127.0.0.1:{_free_port()}"

@@ -29,6 +29,8 @@ COMMANDS = (
     "infra.cli.groups",
     "infra.cli.segments",
     "infra.cli.cluster",
+    "infra.cli.compact",
+    "infra.cli.export",
 )
 OPTIONAL_COMMANDS = {"infra.cli.serve"}
 
