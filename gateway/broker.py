@@ -18,7 +18,7 @@ from typing import Callable
 from coordinator.model import ClusterStore, Fenced, PartitionState, SegmentEntry, TopicInfo
 from tiering import layout
 from tiering.manifest import SegmentRecord, write_manifest
-from tiering.objectstore.base import ObjectNotFound, ObjectStore
+from tiering.objectstore.base import ObjectNotFound, ObjectStore, ObjectStoreError
 from tiering.remote import RemoteCache
 from tiering.segment import ActiveSegment
 
@@ -38,6 +38,7 @@ MAINTENANCE_TICK_S = 0.25
 CLUSTER_TICK_S = 0.25
 MANIFESTS_KEPT = 3
 SWAPPED_OBJECT_GRACE_S = 30.0
+START_RETRY_S = 60.0
 SEGMENT_EXTENSIONS = (layout.LOG, layout.INDEX, layout.TIMEINDEX)
 
 
@@ -106,22 +107,40 @@ class Broker:
     # ---- lifecycle ---------------------------------------------------------------------
 
     async def start(self) -> None:
-        self.cluster_id = await self.store.cluster_id()
+        self.cluster_id = await self._starting("read the cluster id", self.store.cluster_id)
         # The listener is already accepting (app.py binds before starting the broker), and
         # recovering led partitions below can take a while: load the topic list first so a
         # restarted gateway answers Metadata for an existing topic with "no leader yet"
         # (retriable) instead of "unknown topic", which clients treat as final.
-        await self._load_topics()
+        await self._starting("load topics", self._load_topics)
         (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
-        await self.membership.start()
-        await self.wal.start()
+        await self._starting("register", self.membership.start)
+        await self._starting("start the WAL", self.wal.start)
         await self.groups.start()
-        await self._collect_orphan_wal_objects()
-        await self.controller.run_once()
-        await self.sync_leadership(wait=True)
+        await self._starting("collect uncommitted WAL objects", self._collect_orphan_wal_objects)
+        await self._starting("run the controller", self.controller.run_once)
+        await self._starting("take leadership", lambda: self.sync_leadership(wait=True))
         self._tasks.append(asyncio.create_task(self._maintenance(), name="maintenance"))
         self._tasks.append(asyncio.create_task(self._cluster_loop(), name="cluster"))
         self.started = True
+
+    async def _starting(self, what: str, step):
+        """Run one start-up step, retrying while the coordinator or the store is briefly
+        unreachable (a restart during an outage, or a loaded machine) for up to
+        START_RETRY_S; then the error ends the start. Each step may be run again: nothing
+        in it commits anything before it can fail."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + START_RETRY_S
+        delay = 0.1
+        while True:
+            try:
+                return await step()
+            except (CoordinatorUnavailable, ObjectStoreError) as e:
+                if loop.time() + delay > deadline:
+                    raise
+                log.warning("start: could not %s, retrying in %.1fs: %s", what, delay, e)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     async def stop(self) -> None:
         for t in self._tasks:

@@ -421,13 +421,23 @@ def read_everything(bootstrap: str, topic: str, partitions: int, timeout: float 
                   "enable.auto.commit": False, "enable.partition.eof": True, "logger": QUIET})
     try:
         ends = {}
+        deadline = time.monotonic() + timeout
         for p in range(partitions):
-            _, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=15)
-            ends[p] = hi
+            while True:
+                try:
+                    _, ends[p] = c.get_watermark_offsets(TopicPartition(topic, p), timeout=15)
+                    break
+                except KafkaException as e:
+                    # Right after a restart the metadata may still show no leader; only a
+                    # failure that outlasts the whole read is one.
+                    if time.monotonic() > deadline or not e.args[0].retriable() and \
+                            e.args[0].code() not in (KafkaError._UNKNOWN_PARTITION,
+                                                     KafkaError.LEADER_NOT_AVAILABLE):
+                        raise
+                    time.sleep(0.5)
         c.assign([TopicPartition(topic, p, 0) for p in range(partitions) if ends[p] > 0])
         out: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(partitions)}
         remaining = {p for p in range(partitions) if ends[p] > 0}
-        deadline = time.monotonic() + timeout
         while remaining and time.monotonic() < deadline:
             m = c.poll(0.5)
             if m is None:

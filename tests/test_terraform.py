@@ -7,15 +7,13 @@ directory, lock file or state is ever left in the repository.
 
 from __future__ import annotations
 
-import asyncio
-import importlib
-import inspect
 import json
 import os
 import re
 import shutil
 import socket
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from unittest import mock
@@ -102,13 +100,11 @@ def tf_tree(tmp_path_factory, tf_env) -> Path:
 
 @pytest.fixture
 def moto_url():
-    from moto.server import ThreadedMotoServer
+    from moto_fixture import MotoServer
 
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
+    server = MotoServer(port=_free_port()).start()
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield server.url
     finally:
         server.stop()
 
@@ -231,44 +227,47 @@ def _outputs(cwd: Path, env: dict) -> dict:
     return {name: entry["value"] for name, entry in raw.items()}
 
 
-def run_gateway_against(outputs: dict, env: dict) -> bool:
-    """Use the bucket the local example created as a Stratalog object store; True if it ran.
+def run_gateway_against(outputs: dict, env: dict, tmp_path: Path) -> None:
+    """A real gateway on the bucket the local example created: it serves produce and
+    consume, and its objects land under the cluster prefix the gateway role may write."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
 
-    TODO(lead): once `stratalog serve --object-store s3://` exists, replace this body with a real
-    gateway: start `stratalog serve --object-store <outputs["object_store_url"]>` pointed at
-    outputs["s3_endpoint_url"] with path-style addressing and the credentials in `env`, produce
-    and consume a few records with a Kafka client, then stop it.
-    """
-    try:
-        importlib.import_module("tiering.objectstore.s3")
-    except ModuleNotFoundError as exc:
-        if exc.name != "tiering.objectstore.s3":
-            raise
-        return False
-    from tiering.objectstore import open_store
+    from conftest import GatewayProcess
 
+    gw = GatewayProcess(tmp_path / "gateway-data", {"log.roll.ms": 300}, extra_args=[
+        "--object-store", outputs["object_store_url"], "--s3-endpoint", outputs["s3_endpoint_url"],
+        "--s3-path-style"])
     aws_env = {k: v for k, v in env.items() if k.startswith("AWS_")}
-    payload = b"stratalog terraform smoke test\x00\xff"
-
-    async def roundtrip() -> bytes:
-        store = open_store(outputs["object_store_url"], endpoint_url=outputs["s3_endpoint_url"], path_style=True)
-        if inspect.isawaitable(store):
-            store = await store
-        try:
-            await store.put("terraform-smoke/marker", payload)
-            return await store.get("terraform-smoke/marker")
-        finally:
-            await store.close()
-
     with mock.patch.dict(os.environ, aws_env):
-        assert asyncio.run(roundtrip()) == payload
-
-    # The store must have written under the cluster prefix, the only place the gateway role may write.
-    s3 = _client("s3", outputs["s3_endpoint_url"])
-    bucket, prefix = outputs["object_store_url"].removeprefix("s3://").split("/", 1)
-    body = s3.get_object(Bucket=bucket, Key=f"{prefix}/terraform-smoke/marker")["Body"].read()
-    assert body == payload
-    return True
+        gw.start()
+    try:
+        p = Producer({"bootstrap.servers": gw.bootstrap, "acks": "all"})
+        for i in range(20):
+            p.produce("tf-smoke", value=f"r{i}".encode())
+        assert p.flush(30) == 0
+        c = Consumer({"bootstrap.servers": gw.bootstrap, "group.id": "tf", "enable.auto.commit": False})
+        c.assign([TopicPartition("tf-smoke", 0, 0)])
+        got = []
+        for _ in range(60):
+            m = c.poll(0.5)
+            if m is not None and not m.error():
+                got.append(m.value())
+            if len(got) == 20:
+                break
+        c.close()
+        assert got == [f"r{i}".encode() for i in range(20)]
+        s3 = _client("s3", outputs["s3_endpoint_url"])
+        bucket, prefix = outputs["object_store_url"].removeprefix("s3://").split("/", 1)
+        for _ in range(100):  # log.roll.ms is short: the segment is sealed into the bucket
+            keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])]
+            if any(k.startswith(f"{prefix}/topics/tf-smoke-") and k.endswith(".log") for k in keys):
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"no sealed segment in the bucket: {keys}")
+        assert all(k.startswith(prefix + "/") for k in keys), keys
+    finally:
+        gw.stop()
 
 
 def _check_bucket(s3, bucket: str, prefix: str) -> None:
@@ -346,7 +345,7 @@ def _check_role(iam, role_name: str, bucket: str, prefix: str, object_actions: s
     assert granted == object_actions | {"s3:ListBucket"}
 
 
-def test_local_example_applies_against_moto(tf_tree, tf_env, moto_url):
+def test_local_example_applies_against_moto(tf_tree, tf_env, moto_url, tmp_path):
     cwd = tf_tree / "examples/local"
     env = dict(tf_env)
     endpoint_vars = [
@@ -393,8 +392,8 @@ def test_local_example_applies_against_moto(tf_tree, tf_env, moto_url):
     assert no_policy.value.response["Error"]["Code"] == "NoSuchBucketPolicy"
     s3.head_bucket(Bucket=bucket)
 
-    # Marker step for the lead: a gateway against the outputs (see run_gateway_against's TODO).
-    run_gateway_against(outputs, env)
+    # A gateway started from the example's outputs serves produce and consume.
+    run_gateway_against(outputs, env, tmp_path)
     # Whatever a gateway leaves behind, destroy must still succeed (force_destroy in the example).
     s3.put_object(Bucket=bucket, Key=f"{prefix}/topics/orders-x/0/00000000000000000000-0-a.log", Body=b"x")
 
@@ -519,6 +518,8 @@ def test_complete_example_with_existing_etcd_runs_the_documented_command(tf_tree
         assert container["command"] == [
             "serve",
             "--listen", "0.0.0.0:9092",
+            "--http", "0.0.0.0:9644",
+            "--data-dir", "/var/lib/stratalog",
             "--advertised", f"kafka.example.internal:{9092 + i}",
             "--coordinator", "etcd://10.0.1.10:2379,10.0.2.10:2379",
             "--object-store", "s3://stratalog-demo-data/prod",

@@ -189,6 +189,8 @@ resource "aws_ecs_task_definition" "this" {
         [
           "serve",
           "--listen", "0.0.0.0:${var.kafka_port}",
+          "--http", "0.0.0.0:${var.metrics_port}",
+          "--data-dir", "/var/lib/stratalog",
           "--advertised", local.advertised_addresses[count.index],
           "--coordinator", var.coordinator_url,
           "--object-store", var.object_store_url,

@@ -1,0 +1,224 @@
+"""Spark scan of sealed segments, side by side in one run with a Kafka consumer reading the
+same topic through a gateway and with Spark reading the same records from Parquet; plus
+compaction throughput.
+
+    .venv/bin/python bench/spark_scan.py [--gib 1.0] [--record-bytes 1024] [--partitions 4]
+                                         [--codec none] [--compact-gib 0.25] [--master local[*]]
+
+One gateway (embedded coordinator, file store) is started on loopback; the topic is
+produced with confluent-kafka and the benchmark waits until every record is in a sealed
+segment. Figures count segment bytes (the `.log` objects) and records; each scan computes
+the same aggregate (count, total key and value bytes, max offset) so every row is decoded.
+Prints a table; never passes or fails on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from produce_fetch import free_port, wait_port  # noqa: E402
+
+MiB = 1024 * 1024
+
+
+def start_gateway(data_dir: Path, segment_bytes: int) -> tuple[subprocess.Popen, str, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "infra.cli", "serve", "--listen", f"127.0.0.1:{port}",
+           "--data-dir", str(data_dir), "--http", "127.0.0.1:0",
+           "--set", f"log.segment.bytes={segment_bytes}", "--set", "log.roll.ms=2000",
+           "--set", "remote.cache.bytes=268435456"]
+    log = open(data_dir.parent / "gateway.log", "ab")
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log)
+    banner = proc.stdout.readline().decode()
+    if "serving Kafka" not in banner:
+        proc.kill()
+        raise SystemExit(f"gateway did not start: {banner!r} (see {data_dir.parent / 'gateway.log'})")
+    wait_port(port)
+    http = "http://" + banner.rsplit("http on ", 1)[1].strip() if "http on " in banner else ""
+    return proc, f"127.0.0.1:{port}", http
+
+
+def produce(bootstrap: str, topic: str, partitions: int, total_bytes: int, record_bytes: int,
+            codec: str, keys: int | None = None, configs: dict | None = None) -> int:
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.create_topics([NewTopic(topic, partitions, 1, config=configs or {})]).values():
+        f.result(30)
+    producer = Producer({"bootstrap.servers": bootstrap, "compression.type": codec, "linger.ms": 20,
+                         "batch.size": 1 << 20, "acks": "1", "queue.buffering.max.kbytes": 512 * 1024})
+    count = max(1, total_bytes // record_bytes)
+    # Distinct values (slices of random hex), so Parquet's dictionaries cannot fold them.
+    pool = os.urandom(4 * MiB).hex().encode()
+    span = len(pool) - record_bytes
+    for i in range(count):
+        key = b"key-%d" % (i % keys if keys else i)
+        start = (i * 4099) % span
+        while True:
+            try:
+                producer.produce(topic, key=key, value=pool[start:start + record_bytes],
+                                 partition=i % partitions)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    if producer.flush(600):
+        raise SystemExit("producer could not deliver everything")
+    return count
+
+
+def sealed(spec, topic: str, ends: dict[int, int], timeout_s: float = 600) -> int:
+    """Wait until every record is sealed; returns the total size of the `.log` objects."""
+    from spark.metadata import ManifestMetadata
+
+    meta = ManifestMetadata(spec.open(), topic)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            parts = meta.snapshot().partitions
+            if all(p in parts and parts[p].sealed_end >= end for p, end in ends.items() if end):
+                return sum(s.size for p in parts.values() for s in p.segments)
+        except LookupError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"{topic} did not seal within {timeout_s}s")
+
+
+def watermarks(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-hw"})
+    try:
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
+    finally:
+        c.close()
+
+
+def kafka_scan(bootstrap: str, topic: str, ends: dict[int, int]) -> tuple[float, int, int]:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{time.time()}",
+                  "enable.auto.commit": False, "fetch.max.bytes": 64 * MiB,
+                  "max.partition.fetch.bytes": 16 * MiB, "queued.max.messages.kbytes": 256 * 1024})
+    started = time.perf_counter()
+    records = payload = 0
+    todo = {p for p, e in ends.items() if e}
+    c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in todo])
+    try:
+        while todo:
+            for msg in c.consume(10_000, 1.0):
+                if msg.error():
+                    raise SystemExit(f"consumer error: {msg.error()}")
+                records += 1
+                payload += len(msg.value() or b"") + len(msg.key() or b"")
+                if msg.offset() + 1 >= ends[msg.partition()]:
+                    todo.discard(msg.partition())
+    finally:
+        c.close()
+    return time.perf_counter() - started, records, payload
+
+
+def spark_aggregate(df):
+    from pyspark.sql import functions as F
+
+    started = time.perf_counter()
+    row = df.agg(F.count(F.lit(1)).alias("n"),
+                 F.sum(F.length("value") + F.coalesce(F.length("key"), F.lit(0))).alias("bytes"),
+                 F.max("offset").alias("last")).collect()[0]
+    return time.perf_counter() - started, row["n"], row["bytes"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gib", type=float, default=1.0, help="GiB of records to scan (default 1)")
+    ap.add_argument("--record-bytes", type=int, default=1024)
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--codec", default="none", choices=["none", "gzip", "snappy", "lz4", "zstd"])
+    ap.add_argument("--compact-gib", type=float, default=None,
+                    help="GiB for the compaction run (default a quarter of --gib)")
+    ap.add_argument("--master", default="local[*]")
+    ap.add_argument("--keep", action="store_true", help="keep the run directory")
+    args = ap.parse_args()
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from spark.compaction import compact
+    from spark.objects import StoreSpec
+    from spark.session import get_session
+
+    run = Path(tempfile.mkdtemp(prefix="stratalog-spark-bench-"))
+    data = run / "data"
+    data.mkdir()
+    proc, bootstrap, http = start_gateway(data, 64 * MiB)
+    rows = []
+    try:
+        spec = StoreSpec((data / "objects").as_uri())
+        total = int(args.gib * 1024 * MiB)
+        t0 = time.perf_counter()
+        count = produce(bootstrap, "scan", args.partitions, total, args.record_bytes, args.codec)
+        ends = watermarks(bootstrap, "scan", args.partitions)
+        seg_bytes = sealed(spec, "scan", ends)
+        print(f"produced {count} records ({seg_bytes / MiB:.0f} MiB of segments) in "
+              f"{time.perf_counter() - t0:.1f}s", file=sys.stderr)
+
+        spark = get_session(args.master, app_name="stratalog-bench",
+                            conf={"spark.driver.memory": "4g", "spark.sql.shuffle.partitions": "8"})
+        reader = spark.read.format("stratalog").option("topic", "scan")
+        secs, n, payload = spark_aggregate(reader.load(spec.url))
+        rows.append(("spark: stratalog segments", secs, n, seg_bytes))
+
+        secs, n2, _ = kafka_scan(bootstrap, "scan", ends)
+        rows.append(("kafka consumer via gateway", secs, n2, seg_bytes))
+
+        parquet = run / "scan.parquet"
+        reader.load(spec.url).write.parquet(str(parquet))
+        parquet_bytes = sum(f.stat().st_size for f in parquet.rglob("*.parquet"))
+        secs, n3, _ = spark_aggregate(spark.read.parquet(str(parquet)))
+        rows.append((f"spark: parquet ({parquet_bytes / MiB:.0f} MiB)", secs, n3, seg_bytes))
+        if not n == n2 == n3 == count:
+            print(f"warning: record counts differ: {n}, {n2}, {n3}, produced {count}", file=sys.stderr)
+
+        compact_total = int((args.compact_gib if args.compact_gib is not None else args.gib / 4) * 1024 * MiB)
+        keys = max(1, compact_total // args.record_bytes // 10)  # ten versions of every key
+        configs = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"}
+        ccount = produce(bootstrap, "compacted", args.partitions, compact_total, args.record_bytes,
+                         args.codec, keys=keys, configs=configs)
+        cbytes = sealed(spec, "compacted", watermarks(bootstrap, "compacted", args.partitions))
+        t0 = time.perf_counter()
+        report = compact(spark, spec.url, "compacted", http, bootstrap=bootstrap)
+        secs = time.perf_counter() - t0
+        kept = sum(r.records_out for r in report.results)
+        rows.append((f"compaction ({ccount}->{kept} records)", secs, ccount, cbytes))
+        if not report.ok:
+            print(f"warning: compaction did not finish everywhere: {report.results}", file=sys.stderr)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        if not args.keep:
+            shutil.rmtree(run, ignore_errors=True)
+
+    print(f"{'scan':40} {'seconds':>9} {'records':>11} {'MB/s':>9} {'records/s':>12}")
+    for name, secs, n, nbytes in rows:
+        print(f"{name:40} {secs:9.2f} {n:11d} {nbytes / 1e6 / secs:9.1f} {n / secs:12.0f}")
+    print(f"(MB/s counts segment bytes read or rewritten; master {args.master}, codec {args.codec}, "
+          f"{args.record_bytes}-byte records, {args.partitions} partitions)")
+
+
+if __name__ == "__main__":
+    main()
