@@ -67,8 +67,13 @@ class Gateway:
             self._store = open_coordinator(self.options.coordinator, self.data_dir)
         except (ValueError, OSError) as e:
             raise StartupError(f"coordinator: {e}") from None
+        store_options = dict(self.options.store_options)
+        if self.object_store_url.startswith("s3://"):
+            store_options.setdefault("connect_timeout", self.config["s3.connect.timeout.ms"] / 1000)
+            store_options.setdefault("read_timeout", self.config["s3.read.timeout.ms"] / 1000)
+            store_options.setdefault("max_attempts", self.config["s3.max.attempts"])
         try:
-            objects = open_store(self.object_store_url, **self.options.store_options)
+            objects = open_store(self.object_store_url, **store_options)
         except (ValueError, OSError) as e:
             raise StartupError(f"object store: {e}") from None
         node_id = self.options.broker_id
@@ -82,7 +87,7 @@ class Gateway:
                                     max_request_bytes=self.config["socket.request.max.bytes"],
                                     metrics=self.metrics)
         try:
-            await self.server.start()
+            await self.server.bind()
         except OSError as e:
             raise StartupError(f"cannot listen on {self.host}:{self.port}: {e.strerror or e}") from None
         self.port = self.server.port
@@ -103,6 +108,9 @@ class Gateway:
             except OSError as e:
                 raise StartupError(f"cannot listen for HTTP on {host}:{port}: {e.strerror or e}") from None
         await self.broker.start()
+        # Clients are accepted only now: a request before the broker knows its topics would
+        # be answered wrongly (UNKNOWN_TOPIC for a topic that exists).
+        await self.server.start()
 
     def readiness(self) -> tuple[bool, str]:
         if self.broker is None or not self.broker.started:

@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
+from coordinator.kv import CoordinatorUnavailable
 from coordinator.model import ClusterStore, Fenced, PartitionState, SegmentEntry, TopicInfo
 from tiering import layout
 from tiering.manifest import SegmentRecord, write_manifest

@@ -49,10 +49,17 @@ class GatewayServer:
         self._connections: set[asyncio.Task] = set()
         self._supported = supported_versions()
 
-    async def start(self) -> None:
+    async def bind(self) -> None:
+        """Bind the listener (so a port of 0 is resolved) without accepting clients yet."""
         self._server = await asyncio.start_server(self._accept, self.host, self.port,
-                                                  limit=1 << 20, reuse_address=True)
+                                                  limit=1 << 20, reuse_address=True,
+                                                  start_serving=False)
         self.port = self._server.sockets[0].getsockname()[1]
+
+    async def start(self) -> None:
+        if self._server is None:
+            await self.bind()
+        await self._server.start_serving()
 
     async def stop(self) -> None:
         if self._server is not None:

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 from pyspark.sql.datasource import DataSource, DataSourceReader
 
+from spark.metadata import open_metadata
 from spark.options import parse_options
-from spark.planning import Bounds
+from spark.planning import Bounds, SegmentSlice, plan
+from spark.reading import read_slice
 from spark.schema import SPARK_SCHEMA
 
 NAME = "stratalog"
@@ -64,18 +66,12 @@ class StratalogReader(DataSourceReader):
                 yield f
 
     def partitions(self):
-        from spark.metadata import open_metadata
-        from spark.planning import plan
-
         store = self.options.store.open()
         meta = open_metadata(store, self.options.topic, coordinator=self.options.coordinator,
                              topic_id=self.options.topic_id)
         return plan(meta.snapshot(), self.options, self.bounds, store)
 
     def read(self, partition):
-        from spark.planning import SegmentSlice
-        from spark.reading import read_slice
-
         if not isinstance(partition, SegmentSlice):
             return iter(())  # Spark's stand-in partition when nothing matched
         return read_slice(partition, self.options.store)

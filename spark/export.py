@@ -38,7 +38,7 @@ class ExportError(RuntimeError):
 # ---- schemas -------------------------------------------------------------------------
 
 
-def avro_to_spark(schema) -> "DataType":
+def avro_to_spark(schema):
     """The Spark type that holds values of an Avro schema (parsed JSON)."""
     from pyspark.sql import types as T
 

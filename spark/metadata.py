@@ -67,7 +67,7 @@ class ManifestMetadata:
     """
 
     def __init__(self, store, topic: str, topic_id: str | None = None) -> None:
-        layout.segment_key_base(topic, uuid.UUID(int=0), 0, 0, 0, "x")  # validates the name
+        layout.partition_manifest_prefix(topic, uuid.UUID(int=0), 0)  # rejects illegal topic names
         self.store = store
         self.topic = topic
         self.topic_id = uuid.UUID(topic_id) if topic_id else None

@@ -117,6 +117,7 @@ def _read_records(store, s: SegmentSlice, key: str, position: int, end: int) -> 
     lo_us, hi_us = s.ts_lo_us, s.ts_hi_us
     lo_ms = None if lo_us is None else -((-lo_us) // 1000)
     start_offset, end_offset = s.start_offset, s.end_offset
+    unfiltered = lo_us is None and hi_us is None and stop_ts is None
     previous_end = s.base_offset
     while position < end:
         view = chunks.ensure(position, HEADER_SIZE)
@@ -146,22 +147,40 @@ def _read_records(store, s: SegmentSlice, key: str, position: int, end: int) -> 
         except CorruptBatch as exc:
             raise CorruptSegment(f"{key} batch at byte {batch_at} (offset {h.base_offset}): {exc}") from exc
         timestamp_type = 1 if h.timestamp_type == LOG_APPEND_TIME else 0
-        for r in records:
-            offset, ts = r.offset, r.timestamp
-            if seek_ts is not None:
-                if ts < seek_ts:
-                    continue
-                seek_ts = None  # found the first record at or after it: the rest all count
-            if stop_ts is not None and ts >= stop_ts:
+        if unfiltered and seek_ts is None and start_offset <= h.base_offset and h.last_offset < end_offset:
+            out.extend(records, timestamp_type)  # the common case: every record counts
+        else:
+            stopped, seek_ts = _add_filtered(out, records, timestamp_type, s, seek_ts, stop_ts)
+            if stopped:
                 yield from out.flush()
                 return
-            if offset < start_offset or offset >= end_offset:
-                continue
-            if lo_us is not None and ts * 1000 < lo_us:
-                continue
-            if hi_us is not None and ts * 1000 > hi_us:
-                continue
-            out.add(r.key, r.value, offset, ts, timestamp_type, r.headers)
         if out.rows >= ROWS_PER_BATCH:
             yield from out.flush()
     yield from out.flush()
+
+
+def _add_filtered(out: ArrowColumns, records, timestamp_type: int, s: SegmentSlice,
+                  seek_ts: int | None, stop_ts: int | None) -> tuple[bool, int | None]:
+    """Add the records of one batch that pass the slice's bounds.
+
+    Returns whether `stop_ts` was reached, and the seek timestamp still pending (None once
+    the first record at or after it was seen: every later record counts whatever its time).
+    """
+    lo_us, hi_us = s.ts_lo_us, s.ts_hi_us
+    start_offset, end_offset = s.start_offset, s.end_offset
+    for r in records:
+        offset, ts = r.offset, r.timestamp
+        if seek_ts is not None:
+            if ts < seek_ts:
+                continue
+            seek_ts = None
+        if stop_ts is not None and ts >= stop_ts:
+            return True, seek_ts
+        if offset < start_offset or offset >= end_offset:
+            continue
+        if lo_us is not None and ts * 1000 < lo_us:
+            continue
+        if hi_us is not None and ts * 1000 > hi_us:
+            continue
+        out.add(r.key, r.value, offset, ts, timestamp_type, r.headers)
+    return False, seek_ts

@@ -82,6 +82,20 @@ class ArrowColumns:
             self.header_values.append(v)
         self.header_starts.append(len(self.header_keys))
 
+    def extend(self, records, timestamp_type: int) -> None:
+        """Add decoded records (`tiering.batch.Record`) that all pass the read's bounds."""
+        self.keys += [r.key for r in records]
+        self.values += [r.value for r in records]
+        self.offsets += [r.offset for r in records]
+        self.timestamps += [r.timestamp for r in records]
+        self.types += [timestamp_type] * len(records)
+        starts, names, values = self.header_starts, self.header_keys, self.header_values
+        for r in records:
+            for k, v in r.headers:
+                names.append(k)
+                values.append(v)
+            starts.append(len(names))
+
     def flush(self):
         """Yield the accumulated rows as one batch (nothing if empty), then start over."""
         n = self.rows

@@ -23,8 +23,9 @@ from dataclasses import replace
 from pyspark.sql.datasource import DataSourceStreamReader
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
 
+from spark.metadata import TopicNotFound, open_metadata
 from spark.options import EARLIEST, LATEST, OptionError, parse_options
-from spark.planning import Bounds, first_offset_at, plan_partition
+from spark.planning import Bounds, DataLoss, first_offset_at, plan_partition
 
 
 class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -41,15 +42,11 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._plain = replace(self.options, starting_timestamp=None)
 
     def _snapshot(self):
-        from spark.metadata import open_metadata
-
         if self._meta is None:
             self._store = self.options.store.open()
             self._meta = open_metadata(self._store, self.options.topic,
                                        coordinator=self.options.coordinator,
                                        topic_id=self.options.topic_id)
-        from spark.metadata import TopicNotFound
-
         try:
             return self._meta.snapshot()
         except TopicNotFound:
@@ -121,8 +118,6 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             if snap is None or first >= stop:
                 continue
             if first < snap.start and self.options.fail_on_data_loss and snap.segments:
-                from spark.planning import DataLoss
-
                 raise DataLoss(f"{self.options.topic}-{p}: the stream is at offset {first} but "
                                f"the log now starts at {snap.start} (retention removed records "
                                "before they were read); set failOnDataLoss=false to skip them")

@@ -92,7 +92,7 @@ class MotoS3:
 def moto_s3(monkeypatch):
     """moto's S3 server on a free loopback port with one bucket; the AWS variables the
     gateways read are set to dummies for the test (and the processes it starts)."""
-    server_module = pytest.importorskip("moto.server", reason="moto[server] is not installed")
+    pytest.importorskip("moto.server", reason="moto[server] is not installed")
     for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
                  "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(name, raising=False)
@@ -101,10 +101,10 @@ def moto_s3(monkeypatch):
     monkeypatch.setenv("AWS_REGION", REGION)
     monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    port = free_port()
-    server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    s3 = MotoS3(f"http://127.0.0.1:{port}")
+    from moto_fixture import MotoServer
+
+    server = MotoServer(port=free_port()).start()
+    s3 = MotoS3(server.url, prefix=f"{PREFIX}-{uuid.uuid4().hex[:8]}")
     s3.client().create_bucket(Bucket=s3.bucket)
     yield s3
     server.stop()
@@ -427,12 +427,11 @@ def read_everything(bootstrap: str, topic: str, partitions: int, timeout: float 
                 try:
                     _, ends[p] = c.get_watermark_offsets(TopicPartition(topic, p), timeout=15)
                     break
-                except KafkaException as e:
-                    # Right after a restart the metadata may still show no leader; only a
-                    # failure that outlasts the whole read is one.
-                    if time.monotonic() > deadline or not e.args[0].retriable() and \
-                            e.args[0].code() not in (KafkaError._UNKNOWN_PARTITION,
-                                                     KafkaError.LEADER_NOT_AVAILABLE):
+                except KafkaException:
+                    # Right after a restart leadership may still be moving (no leader yet,
+                    # or not the leader any more); only a failure that outlasts the whole
+                    # read is one.
+                    if time.monotonic() > deadline:
                         raise
                     time.sleep(0.5)
         c.assign([TopicPartition(topic, p, 0) for p in range(partitions) if ends[p] > 0])

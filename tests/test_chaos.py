@@ -162,7 +162,9 @@ def test_s3_faults_never_lose_acknowledged_data_or_leak_objects(etcd, moto_s3, f
     partitions = 6
     proxy = fault_proxy
     gws = start_cluster(gateway_factory, etcd, tmp_path, 3, s3=moto_s3, s3_endpoint=proxy.endpoint,
-                        **{"log.roll.ms": 2000, "log.retention.check.interval.ms": 1000})
+                        **{"log.roll.ms": 2000, "log.retention.check.interval.ms": 1000,
+                           # a stalled request is abandoned and retried after 3 s, not 60 s
+                           "s3.read.timeout.ms": 3000})
     bootstrap = bootstrap_of(gws)
     topic = unique_topic("chaos-s3")
     create_topic(bootstrap, topic, partitions)

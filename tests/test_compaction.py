@@ -349,3 +349,32 @@ def test_cli_compact(spark, gateway_factory, capsys):
                  "--bootstrap", gw.bootstrap])
     err = capsys.readouterr().err
     assert code == 1 and err.count("\n") == 1 and err.startswith("stratalog: error:")
+
+
+def test_compaction_on_s3(spark, gateway_factory):
+    import os
+
+    from spark_helpers import S3_ENV, make_bucket, moto_s3
+
+    for k, v in S3_ENV.items():
+        os.environ.setdefault(k, v)
+    with moto_s3() as endpoint:
+        make_bucket(endpoint, "compacted")
+        gw = gateway_factory(settings=SETTINGS, extra_args=[
+            "--object-store", "s3://compacted/c1", "--s3-endpoint", endpoint, "--s3-path-style"])
+        spec = StoreSpec("s3://compacted/c1", endpoint=endpoint, path_style=True)
+        create_topic(gw.bootstrap, "on-s3", 1, COMPACT)
+        produce(gw.bootstrap, "on-s3", [(0, b"k%d" % (i % 5), b"v%d" % i, [("i", b"%d" % i)], None)
+                                        for i in range(100)], compression="zstd", batch_size=400)
+        before = consume_all(gw.bootstrap, "on-s3", 1)
+        wait_sealed(spec, "on-s3", {0: 100})
+        report = compact(spark, spec.url, "on-s3", gw.http_url, endpoint=endpoint, path_style=True,
+                         bootstrap=gw.bootstrap)
+        assert report.ok, report.results
+        after = consume_all(gw.bootstrap, "on-s3", 1)
+        assert after == sorted(_latest(before).values(), key=lambda r: r.offset)
+        from spark_helpers import rows_of
+
+        reader = (spark.read.format("stratalog").option("topic", "on-s3").option("endpoint", endpoint)
+                  .option("pathStyle", "true"))
+        assert rows_of(reader.load(spec.url)) == after

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import time
 
 import fastavro
 import pyarrow.parquet as pq

@@ -232,7 +232,7 @@ def test_log_append_time_is_reported(spark, file_cluster):
     assert all(r.timestamp > BASE_TS + RECORDS * 1000 for r in got)  # broker time, not ours
 
 
-def test_stream_free_registration_module_names_the_source():
+def test_auto_discovery_module_names_the_source():
     import pyspark_stratalog
 
     assert pyspark_stratalog.DefaultSource.name() == "stratalog"
@@ -339,3 +339,42 @@ def test_coordinator_option_plans_from_etcd(spark, tmp_path):
         if gw is not None:
             gw.stop()
         etcd.stop()
+
+
+# ---- planning without Spark ----------------------------------------------------------
+
+
+def test_pushed_filters_narrow_bounds_and_say_what_they_claim():
+    from pyspark.sql.datasource import EqualTo, GreaterThan, In, LessThanOrEqual, Not, StringStartsWith
+
+    from spark.planning import Bounds
+
+    b = Bounds()
+    claimed = []
+    for f in [In(("partition",), (0, 2)), GreaterThan(("offset",), 9), LessThanOrEqual(("offset",), 20),
+              In(("offset",), (12, 30)), GreaterThan(("timestamp",), dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)),
+              Not(EqualTo(("partition",), 0)), StringStartsWith(("topic",), "x")]:
+        b, ok = b.push(f)
+        claimed.append(ok)
+    assert claimed == [True, True, True, False, True, False, False]
+    assert (b.partitions, b.offset_lo, b.offset_hi) == (frozenset({0, 2}), 12, 21)
+    assert b.ts_lo_us == 1_704_067_200_000_000 + 1 and b.ts_hi_us is None
+    assert b.allows_partition(2) and not b.allows_partition(1)
+    assert b.push(EqualTo(("offset",), 3))[0].empty
+
+
+def test_options_parse_and_reject_cleanly():
+    from spark.options import EARLIEST, LATEST, OptionError, parse_options
+
+    o = parse_options({"topic": "t", "path": "s3://b/p", "Endpoint": "http://h:1", "PATHSTYLE": "true",
+                       "startingOffsets": '{"t": {"1": 5, "0": -2}}', "endingTimestamp": "99"})
+    assert (o.store.endpoint, o.store.path_style) == ("http://h:1", True)
+    assert o.starting.for_partition(1) == 5 and o.starting.for_partition(0) == EARLIEST
+    assert o.starting.for_partition(7) == EARLIEST and o.ending.default == LATEST
+    assert o.ending_timestamp.for_partition(3) == 99
+    with pytest.raises(OptionError, match="latest is for streams"):
+        parse_options({"topic": "t", "path": "file:///x", "startingOffsets": "latest"})
+    with pytest.raises(OptionError, match="must be positive"):
+        parse_options({"topic": "t", "path": "file:///x", "readChunkBytes": "0"})
+    with pytest.raises(OptionError, match="file:///absolute"):
+        parse_options({"topic": "t", "path": "file://relative/x"})
