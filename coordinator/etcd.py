@@ -83,7 +83,7 @@ class EtcdKV:
                                         options=dict(_CHANNEL_OPTIONS))
         client = self._client
         try:
-            await client.connect()
+            await self._bounded(client.connect())
         except (aetcd.ClientError, asyncio.TimeoutError, OSError) as e:
             raise await self._translate(e, client) from e
         return client
@@ -95,9 +95,29 @@ class EtcdKV:
         self._client = None
         self._next += 1
         try:
-            await client.close()
+            await self._bounded(client.close())
         except Exception:  # noqa: BLE001 - the channel is already broken; nothing to keep
             log.debug("closing a broken etcd channel failed", exc_info=True)
+
+    async def _bounded(self, awaitable):
+        """Every call to etcd goes through here, for two reasons.
+
+        A deadline: calls without a gRPC deadline of their own (connecting, the keepalive
+        stream, closing) can otherwise wait forever after etcd is paused or restarted.
+
+        Cancellation that is not ours: when one call drops a broken channel, gRPC cancels the
+        other calls in flight on it, and they raise CancelledError in tasks nobody cancelled.
+        Passed on as is, that silently ends whatever loop made the call (a lease keepalive, a
+        WAL commit); it is an outage like any other, so it becomes CoordinatorUnavailable.
+        """
+        try:
+            return await asyncio.wait_for(awaitable, self._timeout)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            raise CoordinatorUnavailable(f"etcd at {self._where()}: the call was cancelled "
+                                         f"with its channel") from None
 
     def _where(self) -> str:
         host, port = self.endpoints[self._next % len(self.endpoints)]
@@ -129,16 +149,16 @@ class EtcdKV:
     async def _kv(self, method: str, request):
         client = await self._connected()
         try:
-            return await getattr(client.kvstub, method)(request, timeout=self._timeout,
-                                                        metadata=client.metadata)
+            return await self._bounded(getattr(client.kvstub, method)(
+                request, timeout=self._timeout, metadata=client.metadata))
         except (grpc.aio.AioRpcError, aetcd.ClientError, asyncio.TimeoutError, OSError) as e:
             raise await self._translate(e, client) from e
 
     async def _lease(self, method: str, request):
         client = await self._connected()
         try:
-            return await getattr(client.leasestub, method)(request, timeout=self._timeout,
-                                                           metadata=client.metadata)
+            return await self._bounded(getattr(client.leasestub, method)(
+                request, timeout=self._timeout, metadata=client.metadata))
         except (grpc.aio.AioRpcError, aetcd.ClientError, asyncio.TimeoutError, OSError) as e:
             raise await self._translate(e, client) from e
 
@@ -227,9 +247,12 @@ class EtcdKV:
     async def keepalive(self, lease: int) -> bool:
         client = await self._connected()
         try:
-            reply = await client.refresh_lease(lease)
+            reply = await self._bounded(client.refresh_lease(lease))
         except (grpc.aio.AioRpcError, aetcd.ClientError, asyncio.TimeoutError, OSError) as e:
-            raise await self._translate(e, client) from e
+            err = await self._translate(e, client)
+            if "lease not found" in str(err):
+                return False  # it expired (e.g. while etcd was down): the caller re-registers
+            raise err from e
         return reply is not None and reply.TTL > 0
 
     async def revoke(self, lease: int) -> None:

@@ -462,7 +462,7 @@ class Broker:
         return plog.log_start_offset
 
     async def replace_segments(self, topic: str, partition: int, remove: list[int],
-                               add: list[SegmentEntry]) -> None:
+                               add: list[SegmentEntry], expect_keys: list[str] | None = None) -> None:
         """Swap sealed segments for their compacted rewrite, atomically.
 
         The rewrite must cover only offsets of the segments it replaces; the old objects are
@@ -477,6 +477,9 @@ class Broker:
             raise KafkaError(ErrorCode.INVALID_REQUEST,
                              f"segments {missing or remove} are not (or no longer) in the log")
         removed = [by_base[b] for b in remove]
+        if expect_keys is not None and sorted(expect_keys) != sorted(s.key_base for s in removed):
+            raise KafkaError(ErrorCode.INVALID_REQUEST,
+                             "the segments were rewritten since the job read them")
         lo = min(s.base_offset for s in removed)
         hi = max(s.last_offset for s in removed)
         if any(a.base_offset < lo or a.last_offset > hi or a.base_offset > a.last_offset for a in add):

@@ -61,13 +61,16 @@ class HttpServer:
             partition = int(request.match_info["partition"])
             body = json.loads(await request.read())
             remove = [int(x) for x in body["remove"]]
+            # Optional: the key bases the job read, so a swap planned on segments that were
+            # rewritten since (same base offset, new objects) is refused.
+            expect = [str(x) for x in body.get("remove_keys", [])]
             add = [SegmentEntry(int(s["base_offset"]), int(s["last_offset"]), str(s["key_base"]),
                                 int(s["size"]), int(s["min_timestamp"]), int(s["max_timestamp"]),
                                 int(s["leader_epoch"])) for s in body["add"]]
         except (KeyError, TypeError, ValueError) as e:
             return web.json_response({"error": f"bad request: {e}"}, status=400)
         try:
-            await broker.replace_segments(topic, partition, remove, add)
+            await broker.replace_segments(topic, partition, remove, add, expect_keys=expect or None)
         except KafkaError as e:
             status = 404 if e.code.name.startswith(("UNKNOWN", "NOT_LEADER")) else 409
             return web.json_response({"error": e.message or e.code.name}, status=status)

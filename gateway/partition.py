@@ -227,15 +227,21 @@ class PartitionLog:
         then more while they fit in max_bytes."""
         if offset >= self.high_watermark or offset < self.log_start_offset:
             return b""
-        seg = self.local_segment_for(offset)
-        if seg is not None:
-            data = seg.read(offset, max_bytes)
-        else:
+        while offset < self.high_watermark:
+            seg = self.local_segment_for(offset)
+            if seg is not None:
+                return trim_batches(seg.read(offset, max_bytes), offset, self.high_watermark)
             entry = self.sealed_segment_for(offset)
             if entry is None:
                 return b""
-            data = await read_sealed(cache, entry, offset, max_bytes)
-        return trim_batches(data, offset, self.high_watermark)
+            data = trim_batches(await read_sealed(cache, entry, max(offset, entry.base_offset), max_bytes),
+                                offset, self.high_watermark)
+            if data:
+                return data
+            # Compaction removed every batch from `offset` to the end of this segment:
+            # the consumer continues at the next one.
+            offset = entry.last_offset + 1
+        return b""
 
     async def offset_for_timestamp(self, ts: int, cache: RemoteCache) -> tuple[int, int] | None:
         """(offset, timestamp) of the first committed record with timestamp >= ts."""

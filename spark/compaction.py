@@ -411,6 +411,7 @@ def swap(plan: Plan, rows: list[dict], admin_url: str, *, timeout_s: float = 30.
             continue
         body = {
             "remove": [s.base_offset for g in groups for s in g.inputs],
+            "remove_keys": [s.key_base for g in groups for s in g.inputs],
             "add": [{k: r[k] for k in ("base_offset", "last_offset", "key_base", "size",
                                         "min_timestamp", "max_timestamp", "leader_epoch")}
                     for r in sorted(done, key=lambda r: r["base_offset"])],

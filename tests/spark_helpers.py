@@ -55,13 +55,13 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def moto_s3():
-    """A moto S3 server on loopback; yields its endpoint URL."""
-    server_module = pytest.importorskip("moto.server", reason="moto[server] is not installed")
-    port = free_port()
-    server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    """A moto S3 server on loopback (in its own process, see moto_fixture); yields its URL."""
+    pytest.importorskip("moto.server", reason="moto[server] is not installed")
+    from moto_fixture import MotoServer
+
+    server = MotoServer("127.0.0.1", free_port()).start()
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield server.url
     finally:
         server.stop()
 
