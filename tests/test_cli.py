@@ -324,7 +324,9 @@ def test_reset_refused_while_members_are_active(bootstrap):
         deadline = time.monotonic() + 20
         while True:
             proc = cli("groups", "describe", group, *b)
-            if proc.returncode == 0 and "members 1" in proc.stdout.decode():
+            # Assignments are reported once the group is Stable, as Kafka does.
+            if proc.returncode == 0 and "members 1" in proc.stdout.decode() \
+                    and f"{topic}:0" in proc.stdout.decode():
                 break
             assert time.monotonic() < deadline, "the consumer never joined its group"
             time.sleep(0.3)

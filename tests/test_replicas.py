@@ -52,7 +52,7 @@ def bytes_out(gw, topic) -> float:
 
 def test_replicas_isr_and_follower_fetch(gateway_factory, etcd, tmp_path):
     store = (tmp_path / "objects").as_uri()
-    gws = [gateway_factory(settings={"broker.session.timeout.ms": 2000, "replica.lag.time.max.ms": 2000},
+    gws = [gateway_factory(settings={"broker.session.timeout.ms": 4000, "replica.lag.time.max.ms": 2000},
                            extra_args=["--coordinator", etcd.url, "--object-store", store,
                                        "--broker-id", str(i + 1), "--rack", f"rack-{i + 1}"])
            for i in range(3)]
