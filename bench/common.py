@@ -17,13 +17,13 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from produce_fetch import free_port, tansu_binary
+
+from infra.cluster import http_get  # the project is installed (scripts/test.sh: pip install -e .)
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK = "127.0.0.1"
@@ -51,17 +51,6 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.update(extra or {})
     return env
-
-
-def http_get(url: str, timeout_s: float = 2.0) -> tuple[int, bytes] | None:
-    """(status, body), or None when nothing answers."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
 
 
 def prometheus(url: str) -> dict[str, float]:

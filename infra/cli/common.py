@@ -95,3 +95,15 @@ def enum_label(value: object) -> str:
     """`ConsumerGroupState.PREPARING_REBALANCE` -> `PreparingRebalance`."""
     name = getattr(value, "name", None) or str(value)
     return "".join(part.capitalize() for part in name.split("_"))
+
+
+def s3_store_options(args) -> dict:
+    """Object-store options from the `--s3-endpoint`, `--s3-region`, `--s3-path-style` flags."""
+    options = {}
+    if getattr(args, "s3_endpoint", None):
+        options["endpoint_url"] = args.s3_endpoint
+    if getattr(args, "s3_region", None):
+        options["region"] = args.s3_region
+    if getattr(args, "s3_path_style", False):
+        options["path_style"] = True
+    return options

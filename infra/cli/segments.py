@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from infra.cli.common import CliError, print_table, stderr_is_terminal
+from infra.cli.common import CliError, print_table, s3_store_options, stderr_is_terminal
 
 DEFAULT_DATA_DIR = "stratalog-data"
 
@@ -83,16 +83,9 @@ def store_url(args: argparse.Namespace) -> str:
 def _open(args: argparse.Namespace):
     from tiering.objectstore import open_store
 
-    options = {}
-    if args.s3_endpoint:
-        options["endpoint_url"] = args.s3_endpoint
-    if args.s3_region:
-        options["region"] = args.s3_region
-    if args.s3_path_style:
-        options["path_style"] = True
     url = store_url(args)
     try:
-        return open_store(url, **options)
+        return open_store(url, **s3_store_options(args))
     except (ValueError, OSError) as exc:
         raise CliError(f"cannot open object store {url}: {exc}") from None
 

@@ -50,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
     from gateway.app import GatewayOptions, StartupError, serve_forever
     from gateway.config import BrokerConfig, ConfigError, load_settings
 
+    from .common import s3_store_options
+
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -58,17 +60,10 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"stratalog: error: {e}", file=sys.stderr)
         return 2
-    store_options = {}
-    if args.s3_endpoint:
-        store_options["endpoint_url"] = args.s3_endpoint
-    if args.s3_region:
-        store_options["region"] = args.s3_region
-    if args.s3_path_style:
-        store_options["path_style"] = True
     options = GatewayOptions(listen=args.listen, advertised=args.advertised, data_dir=args.data_dir,
                              coordinator=args.coordinator, object_store=args.object_store,
                              broker_id=args.broker_id, settings=settings,
-                             store_options=store_options, rack=args.rack,
+                             store_options=s3_store_options(args), rack=args.rack,
                              http=None if args.http == "off" else args.http)
     try:
         import uvloop
