@@ -127,7 +127,9 @@ class GatewayServer:
         except Exception:  # noqa: BLE001
             log.exception("%s: %s v%d handler failed", peer, req.api_name, req.api_version)
             return None
-        return (req, ctx, result, started)
+        # Only the header goes into the queue: the request body (a produce request's records
+        # are a view of its whole frame) must not live until the response is written.
+        return (req.api_key, req.api_name, req.correlation_id, ctx, result, started)
 
     async def _write_responses(self, responses: asyncio.Queue, writer: asyncio.StreamWriter,
                                peer: str) -> None:
@@ -135,23 +137,23 @@ class GatewayServer:
             item = await responses.get()
             if item is None:
                 return
-            req, ctx, result, started = item
+            api_key, api_name, correlation_id, ctx, result, started = item
             if isinstance(result, Deferred):
                 try:
                     result = await result.awaitable
                 except Exception:  # noqa: BLE001
-                    log.exception("%s: %s v%d failed", peer, req.api_name, req.api_version)
+                    log.exception("%s: %s v%d failed", peer, api_name, ctx.version)
                     writer.close()
                     return
             if result is NO_RESPONSE:
                 continue
             try:
-                data = encode_response(req.api_key, ctx.version, req.correlation_id, result)
+                data = encode_response(api_key, ctx.version, correlation_id, result)
             except Exception:  # noqa: BLE001
-                log.exception("%s: cannot encode %s v%d response", peer, req.api_name, req.api_version)
+                log.exception("%s: cannot encode %s v%d response", peer, api_name, ctx.version)
                 writer.close()
                 return
             writer.write(data)
             if self.metrics is not None:
-                self.metrics.observe_request(req.api_name, time.perf_counter() - started)
+                self.metrics.observe_request(api_name, time.perf_counter() - started)
             await writer.drain()
