@@ -291,9 +291,6 @@ class Broker:
 
     # ---- lookups used by handlers ------------------------------------------------------
 
-    def log_for(self, topic: str, partition: int) -> PartitionLog | None:
-        return self.logs.get((topic, partition))
-
     def topic_config(self, topic: str, name: str):
         info = self.topics.get(topic)
         return self.config.topic_config(info.configs if info else {}, name)
@@ -668,8 +665,8 @@ class Broker:
             seg = plog.active
             if seg.size and now_ms - seg.created_ms >= self.topic_config(plog.topic, "segment.ms"):
                 self._roll(plog)
-            elif seg.size >= self.topic_config(plog.topic, "segment.bytes"):
-                self._roll(plog)
+            else:
+                self.maybe_roll(plog)
         interval = self.config["log.retention.check.interval.ms"] / 1000
         if force_retention or self.clock() - self._last_retention >= interval:
             self._last_retention = self.clock()

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 import zlib
 from dataclasses import dataclass
 from typing import Callable
@@ -232,6 +231,3 @@ def new_topic_assignments(live: list[int], partitions: range, replication_factor
         out[p] = PartitionState(replicas[0], 0, tuple(replicas), tuple(replicas))
     return out
 
-
-def topic_key(topic_id: uuid.UUID, partition: int) -> str:
-    return f"{topic_id}/{partition}"

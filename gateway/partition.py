@@ -214,34 +214,20 @@ class PartitionLog:
                 return seg
         return None
 
-    def sealed_segment_for(self, offset: int) -> SegmentEntry | None:
-        for entry in self.sealed:
-            if entry.base_offset <= offset <= entry.last_offset:
-                return entry
-            if entry.base_offset > offset:
-                return entry  # offset fell in a gap left by compaction: start at the next one
-        return None
-
     async def read(self, offset: int, max_bytes: int, cache: RemoteCache) -> bytes:
         """Whole committed batches from the one containing `offset`: at least one batch,
         then more while they fit in max_bytes."""
         if offset >= self.high_watermark or offset < self.log_start_offset:
             return b""
-        while offset < self.high_watermark:
-            seg = self.local_segment_for(offset)
-            if seg is not None:
-                return trim_batches(seg.read(offset, max_bytes), offset, self.high_watermark)
-            entry = self.sealed_segment_for(offset)
-            if entry is None:
-                return b""
-            data = trim_batches(await read_sealed(cache, entry, max(offset, entry.base_offset), max_bytes),
-                                offset, self.high_watermark)
-            if data:
+        seg = self.local_segment_for(offset)
+        if seg is None:
+            data, offset = await read_sealed_log(cache, self.sealed, offset, max_bytes, self.high_watermark)
+            if data or offset >= self.high_watermark:
                 return data
-            # Compaction removed every batch from `offset` to the end of this segment:
-            # the consumer continues at the next one.
-            offset = entry.last_offset + 1
-        return b""
+            seg = self.local_segment_for(offset)  # compaction emptied the sealed tail
+            if seg is None:
+                return b""
+        return trim_batches(seg.read(offset, max_bytes), offset, self.high_watermark)
 
     async def offset_for_timestamp(self, ts: int, cache: RemoteCache) -> tuple[int, int] | None:
         """(offset, timestamp) of the first committed record with timestamp >= ts."""
@@ -331,6 +317,23 @@ def trim_batches(data: bytes, offset: int, high_watermark: int) -> bytes:
     if start is None:
         return b""
     return bytes(memoryview(data)[start:end])
+
+
+async def read_sealed_log(cache: RemoteCache, sealed: list[SegmentEntry], offset: int, max_bytes: int,
+                          high_watermark: int) -> tuple[bytes, int]:
+    """Committed batches from the sealed segments, from the one holding `offset` (or the next
+    one, where compaction left a gap); (b"", where the sealed segments end) if none remain."""
+    for entry in sealed:
+        if entry.last_offset < offset:
+            continue
+        data = trim_batches(await read_sealed(cache, entry, max(offset, entry.base_offset), max_bytes),
+                            offset, high_watermark)
+        if data:
+            return data, offset
+        # Compaction removed every batch from `offset` to the end of this segment:
+        # the reader continues at the next one.
+        offset = entry.last_offset + 1
+    return b"", offset
 
 
 async def read_sealed(cache: RemoteCache, entry: SegmentEntry, offset: int, max_bytes: int) -> bytes:

@@ -15,7 +15,7 @@ from coordinator.model import ClusterStore, SegmentEntry, WalRange
 from tiering.batch import scan_batches
 from tiering.remote import RemoteCache
 
-from .partition import read_sealed, trim_batches
+from .partition import read_sealed_log, trim_batches
 
 
 class ReplicaView:
@@ -51,16 +51,22 @@ class ReplicaView:
         """Committed batches from the one holding `offset`, as a leader would serve them."""
         if offset >= self.high_watermark or offset < self.log_start_offset:
             return b""
+        data = await self._read_wal(offset, max_bytes, cache)
+        if data is not None:
+            return data
+        data, offset = await read_sealed_log(cache, self.sealed, offset, max_bytes, self.high_watermark)
+        if data or offset >= self.high_watermark:
+            return data
+        # Compaction emptied the sealed tail: what follows is in the WAL ranges.
+        return await self._read_wal(offset, max_bytes, cache) or b""
+
+    async def _read_wal(self, offset: int, max_bytes: int, cache: RemoteCache) -> bytes | None:
+        """Batches from the committed WAL range holding `offset`; None if no range holds it."""
         for key, r in self.wal:
             if r.base_offset <= offset <= r.last_offset:
                 data = await cache.read(key, r.position, r.position + r.length)
                 return _limit(trim_batches(data, offset, self.high_watermark), max_bytes)
-        for entry in self.sealed:
-            if entry.last_offset >= offset:
-                data = await read_sealed(cache, entry, max(offset, entry.base_offset), max_bytes)
-                return trim_batches(data, offset, self.high_watermark)
-        return b""
-
+        return None
 
 def _limit(data: bytes, max_bytes: int) -> bytes:
     """At least one whole batch, then whole batches while they fit in max_bytes."""
