@@ -111,8 +111,8 @@ class ArrowColumns:
         batch = pa.RecordBatch.from_arrays([
             pa.array(self.keys, pa.binary()),
             pa.array(self.values, pa.binary()),
-            pa.array([self.topic] * n, pa.string()),
-            pa.array([self.partition] * n, pa.int32()),
+            pa.repeat(pa.scalar(self.topic, pa.string()), n),
+            pa.repeat(pa.scalar(self.partition, pa.int32()), n),
             pa.array(self.offsets, pa.int64()),
             pc.multiply_checked(millis, 1000).cast(TIMESTAMP_TYPE),
             pa.array(self.types, pa.int32()),
