@@ -91,6 +91,8 @@ class Broker:
         self._tasks: list[asyncio.Task] = []
         self._uploading: dict[tuple[str, int], asyncio.Task] = {}
         self._uploading_bases: set[str] = set()  # segment key bases being uploaded/committed
+        # However many partitions roll at once, only this many segments stream to the store.
+        self._upload_slots = asyncio.Semaphore(config["remote.log.manager.copier.thread.pool.size"])
         self._swapped_bases: set[str] = set()  # replaced segments waiting out their grace
         self._segment_locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._orphan_candidates: set[str] = set()
@@ -613,13 +615,13 @@ class Broker:
         sealed = seg.seal()
         key_base = layout.segment_key_base(plog.topic, plog.topic_id, plog.partition,
                                            sealed.base_offset, plog.leader_epoch, uuid.uuid4().hex[:12])
-        data = await asyncio.to_thread(Path(sealed.log_path).read_bytes)
         # Until committed these objects are unreferenced: keep the orphan sweep off them.
         self._uploading_bases.add(key_base)
         try:
-            await self.objects.put(key_base + layout.LOG, data)
-            await self.objects.put(key_base + layout.INDEX, sealed.index_bytes)
-            await self.objects.put(key_base + layout.TIMEINDEX, sealed.timeindex_bytes)
+            async with self._upload_slots:
+                await self.objects.put_file(key_base + layout.LOG, Path(sealed.log_path))
+                await self.objects.put(key_base + layout.INDEX, sealed.index_bytes)
+                await self.objects.put(key_base + layout.TIMEINDEX, sealed.timeindex_bytes)
             entry = SegmentEntry(sealed.base_offset, sealed.last_offset, key_base, sealed.size,
                                  sealed.min_timestamp, sealed.max_timestamp, plog.leader_epoch,
                                  getattr(seg, "producer_snapshot", {}))

@@ -316,6 +316,8 @@ def trim_batches(data: bytes, offset: int, high_watermark: int) -> bytes:
         end = pos + h.size
     if start is None:
         return b""
+    if start == 0 and end == len(data) and isinstance(data, bytes):
+        return data
     return bytes(memoryview(data)[start:end])
 
 

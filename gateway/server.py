@@ -17,7 +17,7 @@ from typing import Any, Awaitable
 
 from .handlers import load_handlers
 from .handlers.registry import HANDLERS, RequestContext, supported_versions
-from .protocol.frames import UnknownApi, decode_request, encode_response
+from .protocol.frames import UnknownApi, decode_request, encode_response_parts
 from .protocol.wire import DecodeError
 
 log = logging.getLogger(__name__)
@@ -148,12 +148,12 @@ class GatewayServer:
             if result is NO_RESPONSE:
                 continue
             try:
-                data = encode_response(api_key, ctx.version, correlation_id, result)
+                data = encode_response_parts(api_key, ctx.version, correlation_id, result)
             except Exception:  # noqa: BLE001
                 log.exception("%s: cannot encode %s v%d response", peer, api_name, ctx.version)
                 writer.close()
                 return
-            writer.write(data)
+            writer.writelines(data)
             if self.metrics is not None:
                 self.metrics.observe_request(api_name, time.perf_counter() - started)
             await writer.drain()

@@ -236,6 +236,29 @@ def test_large_object_multipart(backend):
     run_with(make, scenario, **S3_SMALL_MULTIPART)
 
 
+@pytest.mark.parametrize("size", [0, 1 * MiB + 7, 12 * MiB + 123])
+def test_put_file_streams_a_local_file(backend, tmp_path, size):
+    kind, make = backend
+    data = os.urandom(size)
+    source = tmp_path / "sealed.log"
+    source.write_bytes(data)
+
+    async def scenario(store):
+        await store.put_file("files/segment.log", source)
+        assert await store.size("files/segment.log") == size
+        assert await store.get("files/segment.log") == data
+        assert store.stats["bytes_out"] == size
+        if kind == "s3":
+            # create + 3 parts + complete above the multipart threshold, else one PUT
+            assert store.stats["put"] == (5 if size > 6 * MiB else 1)
+        with pytest.raises(OSError):  # ObjectStoreError is one too
+            await store.put_file("files/missing.log", tmp_path / "missing.log")
+        with pytest.raises(ObjectNotFound):
+            await store.size("files/missing.log")
+
+    run_with(make, scenario, **S3_SMALL_MULTIPART)
+
+
 def test_concurrent_puts_and_gets(backend):
     kind, make = backend
 

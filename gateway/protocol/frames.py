@@ -85,16 +85,28 @@ def decode_request(frame: bytes | memoryview, supported: dict[int, tuple[int, in
     return Request(api_key, api_version, correlation_id, header.client_id, body)
 
 
-def encode_response(api_key: int, api_version: int, correlation_id: int, body: Any) -> bytes:
-    """Encode a response body with its header and size prefix."""
+def _sized_parts(w: Writer) -> list:
+    """The writer's buffers with the size prefix it began with filled in."""
+    parts = w.parts()
+    SIZE.pack_into(parts[0], 0, len(w) - 4)
+    return parts
+
+
+def encode_response_parts(api_key: int, api_version: int, correlation_id: int, body: Any) -> list:
+    """A response with its header and size prefix, as buffers to write in order (record
+    batches in it are not copied)."""
     schema = response_schema(api_key)
     flexible = schema.flexible(api_version) and api_key != API_VERSIONS_KEY
     w = Writer()
     w.int32(0)  # size, patched below
     RESPONSE_HEADER.encode(w, Message(correlation_id=correlation_id), 1 if flexible else 0)
     schema.encode(w, body, api_version)
-    SIZE.pack_into(w.buf, 0, len(w.buf) - 4)
-    return bytes(w.buf)
+    return _sized_parts(w)
+
+
+def encode_response(api_key: int, api_version: int, correlation_id: int, body: Any) -> bytes:
+    """Encode a response body with its header and size prefix."""
+    return b"".join(encode_response_parts(api_key, api_version, correlation_id, body))
 
 
 def encode_request(api_key: int, api_version: int, correlation_id: int, body: Any,
@@ -107,8 +119,7 @@ def encode_request(api_key: int, api_version: int, correlation_id: int, body: An
                      correlation_id=correlation_id, client_id=client_id)
     REQUEST_HEADER.encode(w, header, 2 if schema.flexible(api_version) else 1)
     schema.encode(w, body, api_version)
-    SIZE.pack_into(w.buf, 0, len(w.buf) - 4)
-    return bytes(w.buf)
+    return b"".join(_sized_parts(w))
 
 
 def decode_response(api_key: int, api_version: int, frame: bytes) -> tuple[int, Message]:

@@ -302,7 +302,7 @@ def _struct_encoder(fields: tuple[Field, ...], version: int, flexible: bool) -> 
             if v != f.default_value():
                 sub = Writer()
                 enc(sub, v)
-                present.append((f.tag, sub.buf))
+                present.append((f.tag, sub.getvalue()))
         w.uvarint(len(present))
         for tag, data in present:
             w.uvarint(tag)

@@ -142,15 +142,39 @@ class Reader:
 
 
 class Writer:
-    """Appends encoded primitives to one growing buffer."""
+    """Appends encoded primitives to a growing buffer.
 
-    __slots__ = ("buf",)
+    Values of `SPILL_BYTES` or more (record batches in a Fetch response) are kept by
+    reference instead of copied: the encoding is then the list `parts()`, which a socket
+    writes as it is, so a 32 MiB response costs no extra copies of its records.
+    """
+
+    __slots__ = ("buf", "_parts", "_spilled")
+
+    SPILL_BYTES = 64 * 1024
 
     def __init__(self) -> None:
         self.buf = bytearray()
+        self._parts: list = []
+        self._spilled = 0
+
+    def __len__(self) -> int:
+        return self._spilled + len(self.buf)
+
+    def parts(self) -> list:
+        """The encoding as a list of buffers, in order."""
+        return [*self._parts, self.buf] if self._parts else [self.buf]
 
     def getvalue(self) -> bytes:
-        return bytes(self.buf)
+        return b"".join(self._parts) + self.buf if self._parts else bytes(self.buf)
+
+    def _put_large(self, v: bytes | bytearray | memoryview) -> None:
+        if len(v) < self.SPILL_BYTES:
+            self.buf += v
+            return
+        self._parts += (self.buf, v)
+        self._spilled += len(self.buf) + len(v)
+        self.buf = bytearray()
 
     def int8(self, v: int) -> None:
         self.buf += _I8.pack(v)
@@ -192,21 +216,21 @@ class Writer:
         self.buf += encode_uvarint((v << 1) ^ (v >> 63))
 
     def raw(self, v: bytes | bytearray | memoryview) -> None:
-        self.buf += v
+        self._put_large(v)
 
     def bytes(self, v: bytes | None) -> None:
         if v is None:
             self.int32(-1)
         else:
             self.int32(len(v))
-            self.buf += v
+            self._put_large(v)
 
     def compact_bytes(self, v: bytes | None) -> None:
         if v is None:
             self.uvarint(0)
         else:
             self.uvarint(len(v) + 1)
-            self.buf += v
+            self._put_large(v)
 
     def string(self, v: str | None) -> None:
         self.bytes_as_string(None if v is None else v.encode(), compact=False)

@@ -7,6 +7,7 @@ Keys are relative to the store's root or prefix and use `/` separators.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 
@@ -29,6 +30,9 @@ class ObjectStore(Protocol):
 
     async def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
         """Write a whole object; visible to readers only once complete."""
+
+    async def put_file(self, key: str, path: Path) -> None:
+        """Write a local file as a whole object without holding all of it in memory."""
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         """Bytes [start, end) of an object (end None: to its end); ObjectNotFound if absent."""

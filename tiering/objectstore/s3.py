@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import random
+from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 import aiohttp
@@ -216,20 +217,46 @@ class S3ObjectStore:
 
     async def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
         """Write a whole object; visible to readers only once complete."""
-        full = self.prefix + check_key(key)
         view = memoryview(data).cast("B")
-        if view.nbytes > self._multipart_threshold:
-            await self._put_multipart(key, full, view)
+
+        async def read(start: int, length: int) -> bytes:
+            return bytes(view[start:start + length])
+
+        await self._put(key, view.nbytes, read)
+
+    async def put_file(self, key: str, path: Path) -> None:
+        """Write a local file as a whole object; at most `part_concurrency` parts of it are
+        in memory at once."""
+
+        def read_range(start: int, length: int) -> bytes:
+            with open(path, "rb") as f:
+                f.seek(start)
+                data = f.read(length)
+            if len(data) != length:
+                raise ObjectStoreError(f"{path} changed while it was uploaded as {key}")
+            return data
+
+        async def read(start: int, length: int) -> bytes:
+            return await asyncio.to_thread(read_range, start, length)
+
+        size = (await asyncio.to_thread(os.stat, path)).st_size
+        await self._put(key, size, read)
+
+    async def _put(self, key: str, size: int, read: Callable[[int, int], Awaitable[bytes]]) -> None:
+        full = self.prefix + check_key(key)
+        if size > self._multipart_threshold:
+            await self._put_multipart(key, full, size, read)
         else:
-            body = bytes(view)
+            body = await read(0, size)
             await self._call(
                 "put", f"put {key}", lambda c: c.put_object(Bucket=self.bucket, Key=full, Body=body),
                 upload_bytes=len(body),
             )
-        self.stats["bytes_out"] += view.nbytes
+        self.stats["bytes_out"] += size
 
-    async def _put_multipart(self, key: str, full: str, view: memoryview) -> None:
-        part_size = max(self._part_size, math.ceil(view.nbytes / MAX_PARTS))
+    async def _put_multipart(self, key: str, full: str, size: int,
+                             read: Callable[[int, int], Awaitable[bytes]]) -> None:
+        part_size = max(self._part_size, math.ceil(size / MAX_PARTS))
         created = await self._call(
             "put", f"start multipart {key}",
             lambda c: c.create_multipart_upload(Bucket=self.bucket, Key=full),
@@ -239,7 +266,7 @@ class S3ObjectStore:
 
         async def upload(number: int, start: int) -> dict:
             async with limit:
-                body = bytes(view[start : start + part_size])
+                body = await read(start, min(part_size, size - start))
                 resp = await self._call(
                     "put", f"put {key} part {number}",
                     lambda c: c.upload_part(
@@ -251,7 +278,7 @@ class S3ObjectStore:
 
         tasks = [
             asyncio.create_task(upload(n, start))
-            for n, start in enumerate(range(0, view.nbytes, part_size), start=1)
+            for n, start in enumerate(range(0, size, part_size), start=1)
         ]
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
