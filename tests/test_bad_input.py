@@ -127,3 +127,37 @@ def test_produce_v0_is_refused_although_advertised(gateway):
     s.sendall(encode_request(0, 0, 2, {"acks": 1, "timeout_ms": 1000, "topic_data": []}))
     assert _closed(s)
     s.close()
+
+
+def test_a_decompression_bomb_to_a_compacted_topic_is_refused(gateway):
+    """A compacted topic is the one produce path that decompresses records (to check their
+    keys): ~100 KiB of zstd that inflates to 1 GiB gets CORRUPT_MESSAGE, not an OOM kill."""
+    import crc32c
+    import zstandard
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from tiering import compression
+    from tiering.batch import build_batch
+
+    topic = f"bomb-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": gateway.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1, config={"cleanup.policy": "compact"})])[topic].result(15)
+    stream = zstandard.ZstdCompressor(level=3).compressobj()
+    zeros = bytes(16 * 1024 * 1024)
+    bomb = b"".join(stream.compress(zeros) for _ in range(64)) + stream.flush()
+    # A real batch header (CRC over the bomb) around a records section that is the bomb.
+    header = bytearray(build_batch([(b"k", b"v", [])], timestamp_ms=1000, compression=compression.ZSTD)[:61])
+    struct.pack_into(">i", header, 8, 49 + len(bomb))
+    batch = header + bomb
+    struct.pack_into(">I", batch, 17, crc32c.crc32c(bytes(batch[21:])))
+    s = _connect(gateway)
+    s.sendall(encode_request(0, 7, 5, {"acks": -1, "timeout_ms": 5000, "topic_data": [
+        {"name": topic, "partition_data": [{"index": 0, "records": bytes(batch)}]}]}))
+    _, body = decode_response(0, 7, _recv_frame(s))
+    s.close()
+    part = body.responses[0].partition_responses[0]
+    assert part.error_code == 2  # CORRUPT_MESSAGE
+    status = open(f"/proc/{gateway.proc.pid}/status").read()
+    peak_mib = int(status.split("VmHWM:")[1].split()[0]) // 1024
+    assert peak_mib < 512, f"the gateway inflated the bomb: peak RSS {peak_mib} MiB"
+    _round_trip_still_works(gateway)

@@ -398,6 +398,27 @@ def test_truncated_compressed_data_is_corrupt(codec):
             compression.decompress(codec, whole[:cut])
 
 
+@pytest.mark.parametrize("codec", [1, 2, 3, 4])
+def test_decompression_stops_at_the_limit(codec):
+    payload = b"\0" * (4 * 1024 * 1024)
+    whole = compression.compress(codec, payload)
+    assert compression.decompress(codec, whole, limit=len(payload)) == payload
+    with pytest.raises(CorruptBatch, match="more than"):
+        compression.decompress(codec, whole, limit=len(payload) - 1)
+
+
+def test_a_small_batch_that_inflates_past_the_cap_is_refused_without_inflating_it():
+    # 1 GiB of zeros is a few tens of KiB of zstd: what an attacker would send.
+    import zstandard
+    stream = zstandard.ZstdCompressor(level=3).compressobj()
+    zeros = bytes(16 * 1024 * 1024)
+    bomb = b"".join(stream.compress(zeros) for _ in range(64)) + stream.flush()
+    assert len(bomb) < 128 * 1024
+    batch = frame(bomb, 1, attributes=compression.ZSTD)
+    with pytest.raises(CorruptBatch, match="more than"):
+        decode_records(batch)
+
+
 # -- build_batch arguments -----------------------------------------------------------------
 
 def test_record_objects_keep_offsets_with_gaps():

@@ -39,6 +39,12 @@ _XERIAL_BLOCK = 32 * 1024
 _SNAPPY_FRAMED_MAGIC = b"\xff\x06\x00\x00sNaPpY"
 _INT32 = struct.Struct(">i")
 
+# Larger is refused as corrupt: no client writes a batch anywhere near this, and a small
+# batch that inflates past it is an attack on the reader's memory.
+MAX_DECOMPRESSED_BYTES = 128 * 1024 * 1024
+_GZIP_WBITS = 16 + zlib.MAX_WBITS
+_ZSTD_PIECE = 4096
+
 _ZSTD_COMPRESSOR = zstandard.ZstdCompressor(level=3)
 _ZSTD_DECOMPRESSOR = zstandard.ZstdDecompressor()
 
@@ -64,8 +70,10 @@ def compress(codec: int, data: bytes) -> bytes:
     raise _corrupt(f"unknown compression codec {codec}")
 
 
-def decompress(codec: int, data: bytes | bytearray | memoryview) -> bytes:
-    """Decompress a records section; any malformed or truncated input raises CorruptBatch."""
+def decompress(codec: int, data: bytes | bytearray | memoryview, *,
+               limit: int = MAX_DECOMPRESSED_BYTES) -> bytes:
+    """Decompress a records section; malformed or truncated input, or output past `limit`
+    bytes (a decompression bomb), raises CorruptBatch."""
     if codec == NONE:
         return bytes(data)
     name = CODEC_NAMES.get(codec)
@@ -75,12 +83,12 @@ def decompress(codec: int, data: bytes | bytearray | memoryview) -> bytes:
         raise _corrupt(f"empty {name} records section")
     try:
         if codec == GZIP:
-            return gzip.decompress(data)
+            return _drain_frames(lambda: zlib.decompressobj(_GZIP_WBITS), data, limit)
         if codec == SNAPPY:
-            return _snappy_decompress(memoryview(data))
+            return _snappy_decompress(memoryview(data), limit)
         if codec == LZ4:
-            return _drain_frames(lz4.frame.LZ4FrameDecompressor, data)
-        return _drain_frames(_ZSTD_DECOMPRESSOR.decompressobj, data)
+            return _drain_frames(lz4.frame.LZ4FrameDecompressor, data, limit)
+        return _drain_frames(_ZSTD_DECOMPRESSOR.decompressobj, data, limit, piecewise=True)
     except _MalformedStream as exc:
         raise _corrupt(f"cannot decompress {name} records: {exc}") from exc
     except (OSError, EOFError, zlib.error, RuntimeError, ValueError,
@@ -99,16 +107,43 @@ def _corrupt(message: str) -> Exception:
     return CorruptBatch(message)
 
 
-def _drain_frames(new_decompressor, data) -> bytes:
-    """Decode every concatenated frame; a frame cut short is an error, not an empty tail."""
+def _too_large(limit: int) -> _MalformedStream:
+    return _MalformedStream(f"records decompress to more than {limit} bytes")
+
+
+def _drain_frames(new_decompressor, data, limit: int, *, piecewise: bool = False) -> bytes:
+    """Decode every concatenated frame (gzip members); a frame cut short is an error, not
+    an empty tail, and so is output past `limit`.
+
+    gzip and lz4 decompressors stop at a requested output length. zstd's cannot, so it is
+    fed `_ZSTD_PIECE` bytes at a time: zstd expands by at most ~32,000x, so one piece can
+    overshoot the limit by tens of MiB, never by gigabytes.
+    """
     out = []
+    produced = 0
     rest = bytes(data)
     while rest:
         decompressor = new_decompressor()
-        out.append(decompressor.decompress(rest))
+        if piecewise:
+            pos = 0
+            while pos < len(rest) and not decompressor.eof:
+                chunk = decompressor.decompress(rest[pos:pos + _ZSTD_PIECE])
+                pos += _ZSTD_PIECE
+                produced += len(chunk)
+                if produced > limit:
+                    raise _too_large(limit)
+                out.append(chunk)
+            unused = decompressor.unused_data if decompressor.eof else b""
+        else:
+            chunk = decompressor.decompress(rest, limit - produced + 1)
+            produced += len(chunk)
+            if produced > limit:
+                raise _too_large(limit)
+            out.append(chunk)
+            unused = decompressor.unused_data
         if not decompressor.eof:
             raise _MalformedStream("compressed records section is truncated")
-        rest = decompressor.unused_data or b""
+        rest = unused or b""
     return b"".join(out)
 
 
@@ -122,16 +157,26 @@ def _xerial_compress(data: bytes) -> bytes:
     return b"".join(parts)
 
 
-def _snappy_decompress(view: memoryview) -> bytes:
+def _snappy_decompress(view: memoryview, limit: int) -> bytes:
     if view[:8] == _XERIAL_MAGIC and len(view) >= _XERIAL_HEADER.size:
-        return _xerial_decompress(view)
+        return _xerial_decompress(view, limit)
     if view[:10] == _SNAPPY_FRAMED_MAGIC:
+        # Framed chunks hold at most 64 KiB each, so the output is a bounded multiple of
+        # the input.
         return bytes(cramjam.snappy.decompress(view))
-    return bytes(cramjam.snappy.decompress_raw(view))
+    return _raw_snappy(view, limit)
 
 
-def _xerial_decompress(view: memoryview) -> bytes:
+def _raw_snappy(block: memoryview, limit: int) -> bytes:
+    # A raw block starts with its decompressed length: refuse a bomb before inflating it.
+    if cramjam.snappy.decompress_raw_len(block) > limit:
+        raise _too_large(limit)
+    return bytes(cramjam.snappy.decompress_raw(block))
+
+
+def _xerial_decompress(view: memoryview, limit: int) -> bytes:
     out = []
+    produced = 0
     pos = _XERIAL_HEADER.size
     end = len(view)
     while pos < end:
@@ -141,6 +186,8 @@ def _xerial_decompress(view: memoryview) -> bytes:
         pos += 4
         if length < 0 or pos + length > end:
             raise _MalformedStream(f"xerial snappy block of {length} bytes overruns the data")
-        out.append(bytes(cramjam.snappy.decompress_raw(view[pos:pos + length])))
+        block = _raw_snappy(view[pos:pos + length], limit - produced)
+        produced += len(block)
+        out.append(block)
         pos += length
     return b"".join(out)
