@@ -223,6 +223,22 @@ def test_leftover_files_are_cleared_at_start(tmp_path):
 def test_bad_configuration(tmp_path):
     store = open_store((tmp_path / "s").as_uri())
     with pytest.raises(ValueError):
-        RemoteCache(store, tmp_path / "c", max_bytes=0)
+        RemoteCache(store, tmp_path / "c", max_bytes=-1)
     with pytest.raises(ValueError):
         RemoteCache(store, tmp_path / "c", max_bytes=10, chunk_bytes=0)
+
+
+def test_size_zero_reads_straight_from_the_store(tmp_path):
+    data = os.urandom(5 * CHUNK + 17)
+
+    async def scenario(cache, store, count):
+        assert await cache.read("seg.log", 1500, 3700) == data[1500:3700]
+        assert await cache.read("seg.log", 5000, 9000) == data[5000:]
+        assert await cache.get_small("seg.log") == data
+        await cache.wait_prefetches()
+        assert count("get") == 3 and cache.stats["prefetches"] == 0
+        assert chunk_files(tmp_path / "cache") == []
+        with pytest.raises(ObjectNotFound):
+            await cache.read("missing.log", 0, 10)
+
+    run(tmp_path, scenario, max_bytes=0, objects={"seg.log": data})

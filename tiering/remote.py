@@ -26,8 +26,9 @@ class RemoteCache:
     Chunk i of a key covers bytes [i * chunk_bytes, (i + 1) * chunk_bytes) clamped to the
     object's size, which is asked of the store once per key. A missing chunk costs one GET
     however many readers want it at once. The files together stay under `max_bytes`
-    (least recently used go first). After two sequential chunk reads of one key the next
-    chunk is fetched in the background. Objects never change once written, so nothing is
+    (least recently used go first); with `max_bytes` 0 nothing is kept and every read is a
+    ranged GET. After two sequential chunk reads of one key the next chunk is fetched in
+    the background. Objects never change once written, so nothing is
     revalidated; `invalidate` drops a prefix after deletion. The directory belongs to the
     cache: leftover chunk files from an earlier process are removed at start.
     """
@@ -40,8 +41,8 @@ class RemoteCache:
         max_bytes: int,
         chunk_bytes: int = 4 * 1024 * 1024,
     ) -> None:
-        if max_bytes <= 0 or chunk_bytes <= 0:
-            raise ValueError(f"max_bytes and chunk_bytes must be positive, got {max_bytes}, {chunk_bytes}")
+        if max_bytes < 0 or chunk_bytes <= 0:
+            raise ValueError(f"max_bytes must be >= 0 and chunk_bytes positive, got {max_bytes}, {chunk_bytes}")
         self.store = store
         self.directory = Path(directory)
         self.max_bytes = max_bytes
@@ -70,6 +71,11 @@ class RemoteCache:
             raise ValueError(f"bad byte range [{start}, {end})")
         if start == end:
             return b""
+        if not self.max_bytes:
+            self.stats["gets"] += 1
+            data = await self.store.get(key, start, end)
+            self.stats["bytes"] += len(data)
+            return data
         size = await self._object_size(key)
         end = min(end, size)
         if start >= end:
@@ -90,6 +96,8 @@ class RemoteCache:
             self._remember_size(key, len(data))
             return data
 
+        if not self.max_bytes:
+            return await fetch()
         return await self._cached((key, _WHOLE), fetch)
 
     def invalidate(self, prefix: str) -> None:
