@@ -37,8 +37,7 @@ def start_gateway(data_dir: Path, segment_bytes: int) -> tuple[subprocess.Popen,
     port = free_port()
     cmd = [sys.executable, "-m", "infra.cli", "serve", "--listen", f"127.0.0.1:{port}",
            "--data-dir", str(data_dir), "--http", "127.0.0.1:0",
-           "--set", f"log.segment.bytes={segment_bytes}", "--set", "log.roll.ms=2000",
-           "--set", "remote.cache.bytes=268435456"]
+           "--set", f"log.segment.bytes={segment_bytes}", "--set", "log.roll.ms=2000"]
     log = open(data_dir.parent / "gateway.log", "ab")
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log)
     banner = proc.stdout.readline().decode()

@@ -57,6 +57,17 @@ def validate_topic_name(name: str) -> None:
                          f"topic name {name!r} must be 1-249 of [a-zA-Z0-9._-], not . or ..")
 
 
+REMOTE_CACHE_BYTES = 1024 * 1024 * 1024
+
+
+def _cache_bytes(config: BrokerConfig, objects: ObjectStore) -> int:
+    size = config["remote.cache.bytes"]
+    if size >= 0:
+        return size
+    # Reads from a file store are local disk reads already: a cache would copy them twice.
+    return 0 if objects.url.startswith("file:") else REMOTE_CACHE_BYTES
+
+
 class Broker:
     def __init__(self, config: BrokerConfig, *, node_id: int, advertised: tuple[str, int],
                  data_dir: Path, store: ClusterStore, objects: ObjectStore,
@@ -70,7 +81,7 @@ class Broker:
         self.objects = objects
         self.clock = clock  # wall clock in seconds: timestamps, retention, segment.ms
         self.cluster_id = ""
-        self.cache = RemoteCache(objects, data_dir / "cache", max_bytes=config["remote.cache.bytes"])
+        self.cache = RemoteCache(objects, data_dir / "cache", max_bytes=_cache_bytes(config, objects))
         self.topics: dict[str, TopicInfo] = {}
         self.topics_by_id: dict[uuid.UUID, TopicInfo] = {}
         self.states: dict[uuid.UUID, dict[int, PartitionState]] = {}

@@ -94,7 +94,7 @@ BROKER_SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("group.initial.rebalance.delay.ms", 3000, _int, "Wait for more members before the first rebalance of an empty group.", 0),
     _s("group.min.session.timeout.ms", 6000, _int, "Smallest session timeout a consumer may ask for.", 1),
     _s("group.max.session.timeout.ms", 1_800_000, _int, "Largest session timeout a consumer may ask for.", 1),
-    _s("remote.cache.bytes", 1024 * MiB, _int, "Disk cache for sealed-segment reads; 0 reads straight from the object store (a local file store needs no cache).", 0),
+    _s("remote.cache.bytes", -1, _int, "Disk cache for sealed-segment reads; 0 reads straight from the object store; -1: 1 GiB for s3://, none for file:// (already local disk).", -1),
     _s("remote.log.manager.copier.thread.pool.size", 4, _int, "Sealed segments uploaded at once; each holds at most a multipart part or two in memory.", 1),
     _s("producer.id.expiration.ms", 86_400_000, _int, "Forget an idle idempotent producer after this long.", 1),
 ]}
