@@ -378,6 +378,10 @@ def test_zstd_reads_frames_without_content_size_and_concatenated():
     both = streamed + stream
     assert compression.decompress(compression.ZSTD, streamed) == payload
     assert compression.decompress(compression.ZSTD, both) == payload * 2
+    # Frames larger than the piece zstd is fed in, so the second starts mid-piece.
+    first, second = os.urandom(6000), os.urandom(7000)
+    frames = zstandard.ZstdCompressor().compress(first) + zstandard.ZstdCompressor().compress(second)
+    assert compression.decompress(compression.ZSTD, frames) == first + second
 
 
 def test_gzip_reads_multiple_members_and_writes_deterministically():

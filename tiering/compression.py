@@ -119,31 +119,32 @@ def _drain_frames(new_decompressor, data, limit: int, *, piecewise: bool = False
     fed `_ZSTD_PIECE` bytes at a time: zstd expands by at most ~32,000x, so one piece can
     overshoot the limit by tens of MiB, never by gigabytes.
     """
-    out = []
+    out: list[bytes] = []
     produced = 0
+
+    def keep(chunk: bytes) -> None:
+        nonlocal produced
+        produced += len(chunk)
+        if produced > limit:
+            raise _too_large(limit)
+        out.append(chunk)
+
     rest = bytes(data)
     while rest:
         decompressor = new_decompressor()
         if piecewise:
             pos = 0
             while pos < len(rest) and not decompressor.eof:
-                chunk = decompressor.decompress(rest[pos:pos + _ZSTD_PIECE])
+                keep(decompressor.decompress(rest[pos:pos + _ZSTD_PIECE]))
                 pos += _ZSTD_PIECE
-                produced += len(chunk)
-                if produced > limit:
-                    raise _too_large(limit)
-                out.append(chunk)
-            unused = decompressor.unused_data if decompressor.eof else b""
+            # The next frame starts in what the decompressor left of the last piece.
+            unused = decompressor.unused_data + rest[pos:] if decompressor.eof else b""
         else:
-            chunk = decompressor.decompress(rest, limit - produced + 1)
-            produced += len(chunk)
-            if produced > limit:
-                raise _too_large(limit)
-            out.append(chunk)
+            keep(decompressor.decompress(rest, limit - produced + 1))
             unused = decompressor.unused_data
         if not decompressor.eof:
             raise _MalformedStream("compressed records section is truncated")
-        rest = unused or b""
+        rest = unused
     return b"".join(out)
 
 
