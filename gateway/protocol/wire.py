@@ -166,7 +166,7 @@ class Writer:
         return [*self._parts, self.buf] if self._parts else [self.buf]
 
     def getvalue(self) -> bytes:
-        return b"".join(self._parts) + self.buf if self._parts else bytes(self.buf)
+        return b"".join(self.parts())
 
     def _put_large(self, v: bytes | bytearray | memoryview) -> None:
         if len(v) < self.SPILL_BYTES:
