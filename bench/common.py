@@ -23,7 +23,7 @@ from pathlib import Path
 
 from produce_fetch import free_port, tansu_binary
 
-from infra.cluster import http_get  # the project is installed (scripts/test.sh: pip install -e .)
+from stratalog.infra.cluster import http_get  # the project is installed (scripts/test.sh: pip install -e .)
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK = "127.0.0.1"
@@ -305,7 +305,7 @@ class Gateway:
     def start(self, timeout_s: float = 60) -> None:
         self.starts += 1
         listen = self.address
-        cmd = [sys.executable, "-m", "infra.cli", "serve", "--listen", listen, "--advertised", listen,
+        cmd = [sys.executable, "-m", "stratalog.infra.cli", "serve", "--listen", listen, "--advertised", listen,
                "--http", f"{LOOPBACK}:0", "--data-dir", str(self.data_dir),
                "--coordinator", self.etcd.url, "--object-store", f"s3://{BUCKET}/stratalog",
                "--s3-endpoint", self.s3.url, "--s3-path-style", "--broker-id", str(self.broker_id)]

@@ -63,7 +63,7 @@ class RssSampler(threading.Thread):
 
 def start_stratalog(data_dir: Path) -> tuple[subprocess.Popen, int]:
     port = free_port()
-    cmd = [sys.executable, "-m", "infra.cli", "serve", "--listen", f"127.0.0.1:{port}",
+    cmd = [sys.executable, "-m", "stratalog.infra.cli", "serve", "--listen", f"127.0.0.1:{port}",
            "--data-dir", str(data_dir), "--set", "log.segment.bytes=16777216",
            "--set", "log.roll.ms=3000"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)

@@ -35,7 +35,7 @@ MiB = 1024 * 1024
 
 def start_gateway(data_dir: Path, segment_bytes: int) -> tuple[subprocess.Popen, str, str]:
     port = free_port()
-    cmd = [sys.executable, "-m", "infra.cli", "serve", "--listen", f"127.0.0.1:{port}",
+    cmd = [sys.executable, "-m", "stratalog.infra.cli", "serve", "--listen", f"127.0.0.1:{port}",
            "--data-dir", str(data_dir), "--http", "127.0.0.1:0",
            "--set", f"log.segment.bytes={segment_bytes}", "--set", "log.roll.ms=2000"]
     log = open(data_dir.parent / "gateway.log", "ab")
@@ -82,7 +82,7 @@ def produce(bootstrap: str, topic: str, partitions: int, total_bytes: int, recor
 
 def sealed(spec, topic: str, ends: dict[int, int], timeout_s: float = 600) -> int:
     """Wait until every record is sealed; returns the total size of the `.log` objects."""
-    from spark.metadata import ManifestMetadata
+    from stratalog.spark.metadata import ManifestMetadata
 
     meta = ManifestMetadata(spec.open(), topic)
     deadline = time.monotonic() + timeout_s
@@ -150,9 +150,9 @@ def main() -> None:
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from spark.compaction import compact
-    from spark.objects import StoreSpec
-    from spark.session import get_session
+    from stratalog.spark.compaction import compact
+    from stratalog.spark.objects import StoreSpec
+    from stratalog.spark.session import get_session
 
     run = Path(tempfile.mkdtemp(prefix="stratalog-spark-bench-"))
     data = run / "data"

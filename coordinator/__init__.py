@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from coordinator.kv import CoordinatorError, CoordinatorUnavailable, DataDirInUse, RequestTooLarge
-from coordinator.store import KVClusterStore
+from stratalog.coordinator.kv import CoordinatorError, CoordinatorUnavailable, DataDirInUse, RequestTooLarge
+from stratalog.coordinator.store import KVClusterStore
 
 __all__ = ["open_coordinator", "KVClusterStore", "CoordinatorError", "CoordinatorUnavailable",
            "DataDirInUse", "RequestTooLarge"]
@@ -18,10 +18,10 @@ def open_coordinator(url: str | None, data_dir: Path, cluster: str = "default",
                      clock: Callable[[], float] = time.monotonic) -> KVClusterStore:
     """None or "embedded": SQLite under data_dir; "etcd://host:port[,host:port]": etcd."""
     if url is None or url == "embedded":
-        from coordinator.embedded import EmbeddedKV
+        from stratalog.coordinator.embedded import EmbeddedKV
         return KVClusterStore(EmbeddedKV(Path(data_dir), clock=clock), cluster)
     if url.startswith("etcd://"):
-        from coordinator.etcd import EtcdKV, parse_endpoints
+        from stratalog.coordinator.etcd import EtcdKV, parse_endpoints
         spec = url[len("etcd://"):].rstrip("/")
         if not spec:
             raise ValueError(f"coordinator URL {url!r} names no etcd endpoint")

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
-from coordinator.kv import (
+from stratalog.coordinator.kv import (
     DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, Compare, CoordinatorError, DataDirInUse,
     Delete, DeletePrefix, Event, Op, Put, Watch, check_txn, prefix_end)
 

@@ -15,7 +15,7 @@ import aetcd
 import grpc
 from aetcd import rpc
 
-from coordinator.kv import (
+from stratalog.coordinator.kv import (
     DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, Compare, CoordinatorError,
     CoordinatorUnavailable, Delete, DeletePrefix, Event, Op, Put, RequestTooLarge, Watch,
     check_txn, prefix_end)

@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 from urllib.parse import quote, unquote
 
-from coordinator.kv import (
+from stratalog.coordinator.kv import (
     KV, CoordinatorError, CoordinatorUnavailable, Delete, DeletePrefix, Op, Put,
     RequestTooLarge, absent, exists, mod_is, request_bytes, value_is)
-from coordinator.model import (
+from stratalog.coordinator.model import (
     CommittedOffset, Fenced, LogState, PartitionState, SegmentEntry, TopicExists, TopicInfo,
     UnknownTopic, WalObject, WalRange)
 

@@ -7,8 +7,8 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coordinator import open_coordinator
-from tiering.objectstore import open_store
+from stratalog.coordinator import open_coordinator
+from stratalog.tiering.objectstore import open_store
 
 from .broker import Broker
 from .config import BrokerConfig

@@ -15,13 +15,13 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from coordinator.kv import CoordinatorUnavailable
-from coordinator.model import ClusterStore, Fenced, PartitionState, SegmentEntry, TopicInfo
-from tiering import layout
-from tiering.manifest import SegmentRecord, write_manifest
-from tiering.objectstore.base import ObjectNotFound, ObjectStore, ObjectStoreError
-from tiering.remote import RemoteCache
-from tiering.segment import ActiveSegment
+from stratalog.coordinator.kv import CoordinatorUnavailable
+from stratalog.coordinator.model import ClusterStore, Fenced, PartitionState, SegmentEntry, TopicInfo
+from stratalog.tiering import layout
+from stratalog.tiering.manifest import SegmentRecord, write_manifest
+from stratalog.tiering.objectstore.base import ObjectNotFound, ObjectStore, ObjectStoreError
+from stratalog.tiering.remote import RemoteCache
+from stratalog.tiering.segment import ActiveSegment
 
 from .cluster import BrokerAddress, Controller, Membership, coordinator_index, new_topic_assignments
 from .config import TOPIC_CONFIGS, BrokerConfig, ConfigError, parse_value

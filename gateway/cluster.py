@@ -22,7 +22,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Callable
 
-from coordinator.model import ClusterStore, Fenced, PartitionState, TopicInfo
+from stratalog.coordinator.model import ClusterStore, Fenced, PartitionState, TopicInfo
 
 log = logging.getLogger(__name__)
 

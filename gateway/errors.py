@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from coordinator.model import Fenced, TopicExists, UnknownTopic
-from tiering.batch import CorruptBatch, UnsupportedMagic
+from stratalog.coordinator.model import Fenced, TopicExists, UnknownTopic
+from stratalog.tiering.batch import CorruptBatch, UnsupportedMagic
 
 from .config import ConfigError
 from .producers import InvalidProducerEpoch, OutOfOrderSequence

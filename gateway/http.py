@@ -12,7 +12,7 @@ import logging
 
 from aiohttp import web
 
-from coordinator.model import SegmentEntry
+from stratalog.coordinator.model import SegmentEntry
 
 from .errors import KafkaError
 

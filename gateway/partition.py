@@ -17,14 +17,14 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from coordinator.model import ClusterStore, SegmentEntry
-from tiering import layout
-from tiering.batch import (HEADER_SIZE, BatchHeader, decode_records, patch_batch, scan_batches,
+from stratalog.coordinator.model import ClusterStore, SegmentEntry
+from stratalog.tiering import layout
+from stratalog.tiering.batch import (HEADER_SIZE, BatchHeader, decode_records, patch_batch, scan_batches,
                            set_log_append_time)
-from tiering.index import OffsetIndex, TimeIndex
-from tiering.objectstore.base import ObjectStore
-from tiering.remote import RemoteCache
-from tiering.segment import ActiveSegment
+from stratalog.tiering.index import OffsetIndex, TimeIndex
+from stratalog.tiering.objectstore.base import ObjectStore
+from stratalog.tiering.remote import RemoteCache
+from stratalog.tiering.segment import ActiveSegment
 
 from .errors import KafkaError
 from .producers import BatchMeta, OutOfOrderSequence, ProducerTable

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import uuid
 
-from coordinator.model import ClusterStore, SegmentEntry, WalRange
-from tiering.batch import scan_batches
-from tiering.remote import RemoteCache
+from stratalog.coordinator.model import ClusterStore, SegmentEntry, WalRange
+from stratalog.tiering.batch import scan_batches
+from stratalog.tiering.remote import RemoteCache
 
 from .partition import read_sealed_log, trim_batches
 

@@ -17,10 +17,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
-from coordinator.model import ClusterStore, Fenced, WalObject, WalRange
-from tiering import layout
-from tiering.objectstore.base import ObjectStore
-from tiering.wal import WalBuilder
+from stratalog.coordinator.model import ClusterStore, Fenced, WalObject, WalRange
+from stratalog.tiering import layout
+from stratalog.tiering.objectstore.base import ObjectStore
+from stratalog.tiering.wal import WalBuilder
 
 log = logging.getLogger(__name__)
 

@@ -346,7 +346,7 @@ def child_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in S3_ENV_DROPPED}
     env.update(S3_ENV)
     env["PYTHONUNBUFFERED"] = "1"
-    # The gateways run `python -m infra.cli` from this very source tree, installed or not.
+    # The gateways run `python -m stratalog.infra.cli` from this very source tree, installed or not.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
     return env
 
@@ -554,7 +554,7 @@ class ClusterLauncher:
             name = f"gateway-{i + 1}"
             listen = f"{LOOPBACK}:{p.kafka_port(i)}"
             http = f"{LOOPBACK}:{p.http_port(i)}"
-            cmd = [sys.executable, "-m", "infra.cli", "serve", "--listen", listen, "--advertised", listen,
+            cmd = [sys.executable, "-m", "stratalog.infra.cli", "serve", "--listen", listen, "--advertised", listen,
                    "--http", http, "--data-dir", str(self.dir / "data" / name),
                    "--coordinator", p.coordinator, "--object-store", p.object_store,
                    "--s3-endpoint", p.s3_endpoint, "--s3-path-style", "--broker-id", str(i + 1),

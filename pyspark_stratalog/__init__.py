@@ -4,6 +4,6 @@ Spark 4 imports every top-level module whose name starts with ``pyspark_`` and r
 its ``DefaultSource`` under the source's name.
 """
 
-from spark.datasource import StratalogDataSource as DefaultSource
+from stratalog.spark.datasource import StratalogDataSource as DefaultSource
 
 __all__ = ["DefaultSource"]

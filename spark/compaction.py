@@ -24,8 +24,8 @@ The job follows Kafka's cleaner, with segments in the object store:
 
 Examples
 --------
->>> from spark.session import get_session
->>> from spark.compaction import compact
+>>> from stratalog.spark.session import get_session
+>>> from stratalog.spark.compaction import compact
 >>> report = compact(get_session(), "s3://bucket/prefix", "users",
 ...                  "http://127.0.0.1:9644", bootstrap="127.0.0.1:9092")  # doctest: +SKIP
 >>> print(report.table())  # doctest: +SKIP
@@ -44,14 +44,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tiering import layout
-from tiering.batch import (LOG_APPEND_TIME, BatchHeader, CorruptBatch, build_batch, decode_records,
+from stratalog.tiering import layout
+from stratalog.tiering.batch import (LOG_APPEND_TIME, BatchHeader, CorruptBatch, build_batch, decode_records,
                            set_log_append_time)
-from tiering.manifest import SegmentRecord
-from tiering.segment import ActiveSegment
+from stratalog.tiering.manifest import SegmentRecord
+from stratalog.tiering.segment import ActiveSegment
 
-from spark.metadata import ManifestMetadata
-from spark.objects import StoreSpec
+from stratalog.spark.metadata import ManifestMetadata
+from stratalog.spark.objects import StoreSpec
 
 MAX_OFFSET_SPAN = 2**31 - 1  # indexes keep offsets relative to the base in 32 bits
 KAFKA_DEFAULTS = {
@@ -220,7 +220,7 @@ def retained_offsets(spark, plan: Plan):
     offset per group so that groups with no survivors are rewritten too."""
     from pyspark.sql import functions as F
 
-    from spark.datasource import StratalogDataSource
+    from stratalog.spark.datasource import StratalogDataSource
 
     spark.dataSource.register(StratalogDataSource)
     spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")

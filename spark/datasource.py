@@ -2,7 +2,7 @@
 
 Examples
 --------
->>> from spark.datasource import StratalogDataSource
+>>> from stratalog.spark.datasource import StratalogDataSource
 >>> spark.dataSource.register(StratalogDataSource)  # doctest: +SKIP
 >>> df = (spark.read.format("stratalog")
 ...       .option("topic", "orders")
@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from pyspark.sql.datasource import DataSource, DataSourceReader
 
-from spark.metadata import open_metadata
-from spark.options import parse_options
-from spark.planning import Bounds, SegmentSlice, plan
-from spark.reading import read_slice
-from spark.schema import SPARK_SCHEMA
+from stratalog.spark.metadata import open_metadata
+from stratalog.spark.options import parse_options
+from stratalog.spark.planning import Bounds, SegmentSlice, plan
+from stratalog.spark.reading import read_slice
+from stratalog.spark.schema import SPARK_SCHEMA
 
 NAME = "stratalog"
 
@@ -41,7 +41,7 @@ class StratalogDataSource(DataSource):
         return StratalogReader(dict(self.options))
 
     def streamReader(self, schema):
-        from spark.streaming import StratalogStreamReader
+        from stratalog.spark.streaming import StratalogStreamReader
 
         return StratalogStreamReader(dict(self.options))
 

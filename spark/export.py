@@ -14,7 +14,7 @@ that does not decode stops the export with its partition and offset.
 
 Examples
 --------
->>> from spark.export import export
+>>> from stratalog.spark.export import export
 >>> export(spark, "s3://bucket/prefix", "orders", "/data/orders.parquet",
 ...        value_format="json")  # doctest: +SKIP
 """
@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from spark.schema import SPARK_SCHEMA
+from stratalog.spark.schema import SPARK_SCHEMA
 
 META_COLUMNS = ("key", "topic", "partition", "offset", "timestamp", "timestampType", "headers")
 FORMATS = ("parquet", "json", "orc")
@@ -110,7 +110,7 @@ def _avro_decoder(avro_schema: dict, struct):
         import fastavro
         import pyarrow as pa
 
-        from spark.export import _arrow_schema
+        from stratalog.spark.export import _arrow_schema
 
         parsed = fastavro.parse_schema(avro_schema)
         target = _arrow_schema(out_type)
@@ -207,7 +207,7 @@ def export(spark, object_store_url: str, topic: str, to: str, *, fmt: str = "par
     options : dict, optional
         More reader options (``endpoint``, ``region``, ``pathStyle``, offsets, ...).
     """
-    from spark.datasource import StratalogDataSource
+    from stratalog.spark.datasource import StratalogDataSource
 
     if fmt not in FORMATS:
         raise ExportError(f"unknown output format {fmt!r}; expected one of {', '.join(FORMATS)}")

@@ -12,11 +12,11 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
-from tiering import layout
-from tiering.errors import CorruptObject
-from tiering.manifest import SegmentRecord, read_manifest
+from stratalog.tiering import layout
+from stratalog.tiering.errors import CorruptObject
+from stratalog.tiering.manifest import SegmentRecord, read_manifest
 
-from spark.objects import ObjectNotFound
+from stratalog.spark.objects import ObjectNotFound
 
 
 class TopicNotFound(LookupError):
@@ -156,7 +156,7 @@ class CoordinatorMetadata:
         import tempfile
         from pathlib import Path
 
-        from coordinator import open_coordinator
+        from stratalog.coordinator import open_coordinator
 
         store = open_coordinator(self.url, Path(tempfile.gettempdir()))
         try:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from tiering.objectstore.base import ObjectInfo, ObjectNotFound, ObjectStoreError, check_key
-from tiering.objectstore.file import TMP_PREFIX
+from stratalog.tiering.objectstore.base import ObjectInfo, ObjectNotFound, ObjectStoreError, check_key
+from stratalog.tiering.objectstore.file import TMP_PREFIX
 
 TRACE_ENV = "STRATALOG_READ_TRACE"
 

@@ -29,7 +29,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from spark.objects import StoreSpec
+from stratalog.spark.objects import StoreSpec
 
 EARLIEST = -2
 LATEST = -1

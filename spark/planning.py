@@ -21,11 +21,11 @@ from dataclasses import dataclass, replace
 from pyspark.sql.datasource import (EqualTo, GreaterThan, GreaterThanOrEqual, In, InputPartition,
                                     LessThan, LessThanOrEqual)
 
-from tiering import layout
-from tiering.index import OffsetIndex
+from stratalog.tiering import layout
+from stratalog.tiering.index import OffsetIndex
 
-from spark.metadata import PartitionSnapshot, TopicSnapshot
-from spark.options import EARLIEST, LATEST, ReadOptions
+from stratalog.spark.metadata import PartitionSnapshot, TopicSnapshot
+from stratalog.spark.options import EARLIEST, LATEST, ReadOptions
 
 _INT64_MAX = 2**63 - 1
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -286,7 +286,7 @@ def plan(snapshot: TopicSnapshot, options: ReadOptions, bounds: Bounds, store=No
 def first_offset_at(snap: PartitionSnapshot, options: ReadOptions, ts: int, store) -> int:
     """Offset of the partition's first sealed record with timestamp >= `ts` (Kafka's
     offsetsForTimes), or the end of its sealed data when there is none."""
-    from spark.reading import read_slice
+    from stratalog.spark.reading import read_slice
 
     for seg in snap.segments:
         if seg.max_timestamp < ts or seg.last_offset < snap.start:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from tiering import layout
-from tiering.batch import HEADER_SIZE, LOG_APPEND_TIME, BatchHeader, CorruptBatch, decode_records
-from tiering.index import OffsetIndex, TimeIndex
+from stratalog.tiering import layout
+from stratalog.tiering.batch import HEADER_SIZE, LOG_APPEND_TIME, BatchHeader, CorruptBatch, decode_records
+from stratalog.tiering.index import OffsetIndex, TimeIndex
 
-from spark.objects import ObjectNotFound, StoreSpec
-from spark.planning import DataLoss, SegmentSlice
-from spark.schema import ArrowColumns
+from stratalog.spark.objects import ObjectNotFound, StoreSpec
+from stratalog.spark.planning import DataLoss, SegmentSlice
+from stratalog.spark.schema import ArrowColumns
 
 ROWS_PER_BATCH = 8192
 

@@ -2,7 +2,7 @@
 
 Examples
 --------
->>> from spark.session import get_session
+>>> from stratalog.spark.session import get_session
 >>> spark = get_session()  # local[*], or get_session("spark://host:7077")  # doctest: +SKIP
 >>> spark.read.format("stratalog").option("topic", "t").load("file:///data/objects")  # doctest: +SKIP
 """
@@ -24,7 +24,7 @@ def get_session(master: str | None = None, *, app_name: str = "stratalog", conf:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    from spark.datasource import StratalogDataSource
+    from stratalog.spark.datasource import StratalogDataSource
 
     builder = SparkSession.builder.appName(app_name).master(master or "local[*]")
     settings = {"spark.sql.python.filterPushdown.enabled": "true", **(conf or {})}

@@ -23,9 +23,9 @@ from dataclasses import replace
 from pyspark.sql.datasource import DataSourceStreamReader
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
 
-from spark.metadata import TopicNotFound, open_metadata
-from spark.options import EARLIEST, LATEST, OptionError, parse_options
-from spark.planning import Bounds, DataLoss, first_offset_at, plan_partition
+from stratalog.spark.metadata import TopicNotFound, open_metadata
+from stratalog.spark.options import EARLIEST, LATEST, OptionError, parse_options
+from stratalog.spark.planning import Bounds, DataLoss, first_offset_at, plan_partition
 
 
 class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -126,7 +126,7 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return slices
 
     def read(self, partition):
-        from spark.reading import read_slice
+        from stratalog.spark.reading import read_slice
 
         return read_slice(partition, self.options.store)
 

@@ -208,7 +208,7 @@ def unique_topic(stem: str) -> str:
 
 def coordinator_call(etcd_url: str, fn):
     """Run `await fn(store)` against the cluster's coordinator (a fresh client each time)."""
-    from coordinator import open_coordinator
+    from stratalog.coordinator import open_coordinator
 
     async def run():
         with tempfile.TemporaryDirectory() as tmp:

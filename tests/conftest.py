@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 
 def free_port() -> int:
@@ -42,7 +41,7 @@ class GatewayProcess:
         return f"127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "infra.cli", "serve", "--listen", self.bootstrap,
+        cmd = [sys.executable, "-m", "stratalog.infra.cli", "serve", "--listen", self.bootstrap,
                "--data-dir", str(self.data_dir), "--log-level", "INFO", "--http", "127.0.0.1:0"]
         for k, v in self.settings.items():
             cmd += ["--set", f"{k}={v}"]

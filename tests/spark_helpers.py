@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from spark.objects import TRACE_ENV, StoreSpec
+from stratalog.spark.objects import TRACE_ENV, StoreSpec
 
 TRACE_FILE = Path(tempfile.mkdtemp(prefix="stratalog-spark-trace-")) / "reads.log"
 S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
@@ -38,7 +38,7 @@ def spark_session():
     # Credentials for the moto server; workers inherit them from the JVM's environment.
     for key, value in S3_ENV.items():
         os.environ.setdefault(key, value)
-    from spark.session import get_session
+    from stratalog.spark.session import get_session
 
     return get_session("local[2]", app_name="stratalog-tests",
                        conf={"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false",
@@ -206,7 +206,7 @@ def _millis(ts) -> int:
 
 def wait_sealed(spec: StoreSpec, topic: str, ends: dict[int, int], timeout_s: float = 30) -> None:
     """Wait until each partition's manifest covers its offsets below `ends`."""
-    from spark.metadata import ManifestMetadata, TopicNotFound
+    from stratalog.spark.metadata import ManifestMetadata, TopicNotFound
 
     meta = ManifestMetadata(spec.open(), topic)
     deadline = time.monotonic() + timeout_s

@@ -10,7 +10,7 @@ import uuid
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from gateway.protocol.frames import decode_response, encode_request
+from stratalog.gateway.protocol.frames import decode_response, encode_request
 
 ck = pytest.importorskip("confluent_kafka", reason="confluent-kafka is not installed")
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
@@ -136,8 +136,8 @@ def test_a_decompression_bomb_to_a_compacted_topic_is_refused(gateway):
     import zstandard
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from tiering import compression
-    from tiering.batch import build_batch
+    from stratalog.tiering import compression
+    from stratalog.tiering.batch import build_batch
 
     topic = f"bomb-{uuid.uuid4().hex[:6]}"
     admin = AdminClient({"bootstrap.servers": gateway.bootstrap})

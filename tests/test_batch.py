@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
-from tiering import compression
-from tiering.batch import (
+from stratalog.tiering import compression
+from stratalog.tiering.batch import (
     HEADER_SIZE,
     BatchHeader,
     CorruptBatch,

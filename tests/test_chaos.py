@@ -14,8 +14,8 @@ from cluster_fixtures import (  # noqa: F401 - etcd and moto_s3 are fixtures
     create_topic, etcd, fault_proxy, group_committed, leaders, log_clients_to, moto_s3, orphaned_objects,
     read_everything, restart_all, start_cluster, try_leaders, unique_topic, wait_for)
 from s3_fault_proxy import FaultRule
-from tiering.batch import scan_batches
-from tiering.layout import parse_wal_key
+from stratalog.tiering.batch import scan_batches
+from stratalog.tiering.layout import parse_wal_key
 
 pytestmark = pytest.mark.slow
 

@@ -44,7 +44,7 @@ ONE_PER_BATCH = ["--command-config", "batch.num.messages=1"]
 
 def cli(*args: str, input: bytes | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("STRATALOG_BOOTSTRAP", "STRATALOG_DEBUG")}
-    return subprocess.run([sys.executable, "-m", "infra.cli", *args], cwd=ROOT, input=input,
+    return subprocess.run([sys.executable, "-m", "stratalog.infra.cli", *args], cwd=ROOT, input=input,
                           capture_output=True, timeout=timeout, env=env)
 
 
@@ -208,7 +208,7 @@ def run_with_terminal_stderr(*args: str) -> tuple[int, bytes, bytes]:
     master, slave = pty.openpty()
     # A terminal of zero columns would hide any progress bar.
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
-    proc = subprocess.Popen([sys.executable, "-m", "infra.cli", *args], cwd=ROOT, stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, "-m", "stratalog.infra.cli", *args], cwd=ROOT, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=slave)
     os.close(slave)
     chunks = []
@@ -289,7 +289,7 @@ def test_group_consume_describe_and_reset(bootstrap):
 
 def _start_consumer(*args: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "STRATALOG_BOOTSTRAP"}
-    return subprocess.Popen([sys.executable, "-m", "infra.cli", "consume", *args], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "stratalog.infra.cli", "consume", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
 
 
@@ -409,7 +409,7 @@ def test_help_and_entry_point():
     assert proc.returncode == 0
     for command in ("topics", "produce", "consume", "groups", "segments"):
         assert command in proc.stdout.decode()
-    from infra.cli import main
+    from stratalog.infra.cli import main
 
     assert main(["topics", "create"]) == 2
 
@@ -422,13 +422,13 @@ TOPIC_ID = uuid.UUID("3f2b8c1e-0d4a-4e55-9a77-5b1c2d3e4f60")
 @pytest.fixture
 def objects(tmp_path):
     """A file store holding one WAL object, one sealed segment (+ sidecars) and a manifest."""
-    from tiering import layout
-    from tiering.batch import build_batch
-    from tiering.compression import GZIP
-    from tiering.index import OffsetIndex, TimeIndex
-    from tiering.manifest import SegmentRecord, write_manifest
-    from tiering.objectstore import open_store
-    from tiering.wal import WalBuilder
+    from stratalog.tiering import layout
+    from stratalog.tiering.batch import build_batch
+    from stratalog.tiering.compression import GZIP
+    from stratalog.tiering.index import OffsetIndex, TimeIndex
+    from stratalog.tiering.manifest import SegmentRecord, write_manifest
+    from stratalog.tiering.objectstore import open_store
+    from stratalog.tiering.wal import WalBuilder
 
     first = build_batch([(b"k0", b"v0", [("h", b"1")]), (None, b"v1")], base_offset=0,
                         timestamps=[1000, 1001], producer_id=7, producer_epoch=2, base_sequence=0)
@@ -576,7 +576,7 @@ def test_segments_dump_reports_bad_sidecars_and_manifest(objects):
     _corrupt(objects, "index", objects["blobs"]["index"][:-3])
     assert_one_error(seg(objects, "dump", keys["index"]), "not a multiple of 8")
 
-    from tiering.index import OffsetIndex
+    from stratalog.tiering.index import OffsetIndex
 
     wrong = OffsetIndex(0)
     wrong.append(1, 5)  # not where a batch starts

@@ -10,18 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from spark.compaction import (CompactionError, Group, Settings, compact, plan_compaction, rewrite,
+from stratalog.spark.compaction import (CompactionError, Group, Settings, compact, plan_compaction, rewrite,
                               rewrite_group, swap)
-from spark.objects import StoreSpec
-from spark.planning import SegmentSlice
-from spark.reading import read_slice
+from stratalog.spark.objects import StoreSpec
+from stratalog.spark.planning import SegmentSlice
+from stratalog.spark.reading import read_slice
 from spark_helpers import consume_all, create_topic, produce, spark_session, wait_sealed
-from tiering import layout
-from tiering.batch import BatchHeader, build_batch, decode_records, scan_batches
-from tiering.compression import GZIP, LZ4
-from tiering.index import OffsetIndex, TimeIndex
-from tiering.manifest import SegmentRecord
-from tiering.segment import ActiveSegment
+from stratalog.tiering import layout
+from stratalog.tiering.batch import BatchHeader, build_batch, decode_records, scan_batches
+from stratalog.tiering.compression import GZIP, LZ4
+from stratalog.tiering.index import OffsetIndex, TimeIndex
+from stratalog.tiering.manifest import SegmentRecord
+from stratalog.tiering.segment import ActiveSegment
 
 HOUR = 3_600_000
 COMPACT = {"cleanup.policy": "compact", "segment.bytes": 3000, "delete.retention.ms": HOUR,
@@ -331,7 +331,7 @@ def test_compacting_a_delete_topic_is_refused(spark, gateway_factory):
 
 
 def test_cli_compact(spark, gateway_factory, capsys):
-    from infra.cli import main
+    from stratalog.infra.cli import main
 
     gw = gateway_factory(settings=SETTINGS)
     spec = StoreSpec((gw.data_dir / "objects").as_uri())

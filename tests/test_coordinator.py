@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from coordinator import open_coordinator
-from coordinator.embedded import DB_FILE, EmbeddedKV
-from coordinator.etcd import EtcdKV, parse_endpoints
-from coordinator.kv import (
+from stratalog.coordinator import open_coordinator
+from stratalog.coordinator.embedded import DB_FILE, EmbeddedKV
+from stratalog.coordinator.etcd import EtcdKV, parse_endpoints
+from stratalog.coordinator.kv import (
     Compare, CoordinatorError, CoordinatorUnavailable, DataDirInUse, Delete, DeletePrefix,
     Put, RequestTooLarge, absent, exists, mod_is, value_is)
-from coordinator.model import (
+from stratalog.coordinator.model import (
     CommittedOffset, Fenced, LogState, PartitionState, SegmentEntry, TopicExists,
     UnknownTopic, WalObject, WalRange)
-from coordinator.store import KVClusterStore
+from stratalog.coordinator.store import KVClusterStore
 
 try:
     from tests.etcd_fixture import EtcdServer, etcd_binary, etcd_server, free_port  # noqa: F401
@@ -675,8 +675,8 @@ def test_embedded_lock_and_kill9_durability(tmp_path):
         [sys.executable, "-c", (
             "import asyncio, sys\n"
             "from pathlib import Path\n"
-            "from coordinator.embedded import EmbeddedKV\n"
-            "from coordinator.kv import Put, absent\n"
+            "from stratalog.coordinator.embedded import EmbeddedKV\n"
+            "from stratalog.coordinator.kv import Put, absent\n"
             "async def main():\n"
             "    kv = EmbeddedKV(Path(sys.argv[1]))\n"
             "    await kv.put('/a', b'1')\n"

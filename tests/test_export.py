@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import GatewayProcess
-from spark.export import ExportError, avro_to_spark, export
-from spark.objects import StoreSpec
+from stratalog.spark.export import ExportError, avro_to_spark, export
+from stratalog.spark.objects import StoreSpec
 from spark_helpers import consume_all, create_topic, produce, spark_session, wait_sealed
 
 SETTINGS = {"log.roll.ms": 400, "log.segment.bytes": 5000}
@@ -162,7 +162,7 @@ def test_export_arguments_are_checked(spark, cluster, tmp_path):
 
 
 def test_cli_export(spark, cluster, tmp_path, capsys):
-    from infra.cli import main
+    from stratalog.infra.cli import main
 
     gw, spec, truth = cluster
     out = tmp_path / "cli.parquet"

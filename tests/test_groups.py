@@ -13,18 +13,18 @@ from typing import Any
 
 import pytest
 
-from coordinator import open_coordinator
-from gateway.groups import GroupCoordinator, GroupState, JoinResult, OffsetEntry
-from gateway.groups.group import parse_subscription
-from gateway.groups.timers import Timers
-from gateway.handlers import groups as group_handlers  # noqa: F401  (registers handlers)
-from gateway.handlers import offsets as offset_handlers  # noqa: F401
-from gateway.handlers.registry import HANDLERS, RequestContext, supported_versions
-from gateway.protocol import frames
-from gateway.protocol.catalog import CONSUMER_PROTOCOL_SUBSCRIPTION
-from gateway.protocol.error_codes import ErrorCode as E
-from gateway.protocol.schema import Message
-from gateway.protocol.wire import DecodeError
+from stratalog.coordinator import open_coordinator
+from stratalog.gateway.groups import GroupCoordinator, GroupState, JoinResult, OffsetEntry
+from stratalog.gateway.groups.group import parse_subscription
+from stratalog.gateway.groups.timers import Timers
+from stratalog.gateway.handlers import groups as group_handlers  # noqa: F401  (registers handlers)
+from stratalog.gateway.handlers import offsets as offset_handlers  # noqa: F401
+from stratalog.gateway.handlers.registry import HANDLERS, RequestContext, supported_versions
+from stratalog.gateway.protocol import frames
+from stratalog.gateway.protocol.catalog import CONSUMER_PROTOCOL_SUBSCRIPTION
+from stratalog.gateway.protocol.error_codes import ErrorCode as E
+from stratalog.gateway.protocol.schema import Message
+from stratalog.gateway.protocol.wire import DecodeError
 
 S = GroupState
 

@@ -20,8 +20,8 @@ from queue import Queue
 import pytest
 
 from etcd_fixture import etcd_binary
-from infra.cli import build_parser, main
-from infra.cluster import ClusterState, pid_alive, process_start_time
+from stratalog.infra.cli import build_parser, main
+from stratalog.infra.cluster import ClusterState, pid_alive, process_start_time
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "infra" / "Dockerfile"
@@ -60,7 +60,7 @@ def port_flags(gateways: int) -> tuple[list[str], dict[str, int]]:
 
 
 def cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "infra.cli", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "stratalog.infra.cli", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -239,7 +239,7 @@ def test_up_produce_consume_status_down(cluster_dir):
 @needs_etcd
 def test_foreground_cluster_stops_on_ctrl_c(cluster_dir):
     flags, ports = port_flags(1)
-    launcher = subprocess.Popen([sys.executable, "-m", "infra.cli", "cluster", "up",
+    launcher = subprocess.Popen([sys.executable, "-m", "stratalog.infra.cli", "cluster", "up",
                                  "--dir", str(cluster_dir), *flags],
                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -470,7 +470,7 @@ def test_dockerfile_copies_every_package_it_installs():
     import tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    packages = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
+    packages = set(project["tool"]["setuptools"]["package-dir"].values())
     copied = set()
     for name, rest in parse_dockerfile(DOCKERFILE.read_text()):
         if name != "COPY" or rest.startswith("--from"):

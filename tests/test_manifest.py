@@ -10,8 +10,8 @@ import crc32c
 import fastavro
 import pytest
 
-from tiering.errors import CorruptObject
-from tiering.manifest import Manifest, SegmentRecord, read_manifest, write_manifest
+from stratalog.tiering.errors import CorruptObject
+from stratalog.tiering.manifest import Manifest, SegmentRecord, read_manifest, write_manifest
 
 TOPIC_ID = uuid.UUID("6f1c1c7e-2b7a-4c1e-9d3b-0a5e8c2f4b11")
 SEGMENTS = [
@@ -125,7 +125,7 @@ def test_foreign_avro_and_garbage_are_rejected():
 
 
 def test_two_records_are_rejected():
-    from tiering.manifest import SCHEMA
+    from stratalog.tiering.manifest import SCHEMA
 
     good = read_manifest(write_manifest("orders", TOPIC_ID, 3, 7, 50, SEGMENTS))
     rec = {
@@ -139,7 +139,7 @@ def test_two_records_are_rejected():
 
 
 def test_missing_crc_or_wrong_format_is_rejected():
-    from tiering.manifest import SCHEMA
+    from stratalog.tiering.manifest import SCHEMA
 
     rec = {"topic": "t", "topic_id": TOPIC_ID, "partition": 0, "version": 1, "log_start_offset": 0, "segments": []}
     for metadata, message in (({}, "format"), ({"stratalog.manifest.format": "1"}, "CRC"),

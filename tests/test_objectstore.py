@@ -13,11 +13,11 @@ import uuid
 
 import pytest
 
-from tiering import layout
-from tiering.objectstore import ObjectNotFound, ObjectStoreError, open_store
-from tiering.objectstore.base import ObjectInfo
-from tiering.objectstore.file import FileObjectStore
-from tiering.objectstore.s3 import S3ObjectStore
+from stratalog.tiering import layout
+from stratalog.tiering.objectstore import ObjectNotFound, ObjectStoreError, open_store
+from stratalog.tiering.objectstore.base import ObjectInfo
+from stratalog.tiering.objectstore.file import FileObjectStore
+from stratalog.tiering.objectstore.s3 import S3ObjectStore
 
 MiB = 1024 * 1024
 S3_SMALL_MULTIPART = {"multipart_threshold": 6 * MiB, "part_size": 5 * MiB}  # moto enforces 5 MiB parts

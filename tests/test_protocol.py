@@ -17,17 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from gateway.protocol import catalog
-from gateway.protocol.catalog import APIS, REQUEST_HEADER, RESPONSE_HEADER
-from gateway.protocol.frames import (
+from stratalog.gateway.protocol import catalog
+from stratalog.gateway.protocol.catalog import APIS, REQUEST_HEADER, RESPONSE_HEADER
+from stratalog.gateway.protocol.frames import (
     UnknownApi,
     decode_request,
     decode_response,
     encode_request,
     encode_response,
 )
-from gateway.protocol.schema import Field, Message, Schema
-from gateway.protocol.wire import DecodeError, Reader, Writer, encode_uvarint, encode_varint
+from stratalog.gateway.protocol.schema import Field, Message, Schema
+from stratalog.gateway.protocol.wire import DecodeError, Reader, Writer, encode_uvarint, encode_varint
 
 FIXTURES = Path(__file__).parent / "fixtures" / "frames"
 ALL_VERSIONS = {key: (req.vmin, req.vmax) for key, (_, req, _resp) in APIS.items()}

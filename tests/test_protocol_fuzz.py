@@ -14,11 +14,11 @@ from functools import lru_cache
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.protocol import catalog
-from gateway.protocol.catalog import APIS, REQUEST_HEADER, RESPONSE_HEADER
-from gateway.protocol.frames import decode_request, encode_request
-from gateway.protocol.schema import Field, Message, Schema
-from gateway.protocol.wire import DecodeError, Reader
+from stratalog.gateway.protocol import catalog
+from stratalog.gateway.protocol.catalog import APIS, REQUEST_HEADER, RESPONSE_HEADER
+from stratalog.gateway.protocol.frames import decode_request, encode_request
+from stratalog.gateway.protocol.schema import Field, Message, Schema
+from stratalog.gateway.protocol.wire import DecodeError, Reader
 
 SCHEMAS: list[Schema] = [
     REQUEST_HEADER, RESPONSE_HEADER,

@@ -20,6 +20,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _top_level_names(python: Path) -> set[str]:
+    """The import names the installed `stratalog` distribution puts at the top level."""
+    code = ("import importlib.metadata as m\n"
+            "files = m.distribution('stratalog').files\n"
+            "print('\\n'.join(sorted({f.parts[0] for f in files if f.suffix == '.py'})))")
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    return set(out.stdout.split())
+
+
 @pytest.mark.timeout(600)
 def test_pip_install_dot_then_serve_produce_consume(tmp_path):
     env_dir = tmp_path / "venv"
@@ -32,6 +41,7 @@ def test_pip_install_dot_then_serve_produce_consume(tmp_path):
         if "No matching distribution" in install.stderr or "Could not fetch" in install.stderr:
             pytest.skip(f"pip cannot reach a package index here: {last}")
         raise AssertionError(f"pip install . failed: {install.stderr[-2000:]}")
+    assert _top_level_names(bin_dir / "python") == {"stratalog", "pyspark_stratalog"}
 
     port = _free_port()
     stratalog = str(bin_dir / "stratalog")

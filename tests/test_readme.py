@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from gateway.config import BROKER_SETTINGS
+from stratalog.gateway.config import BROKER_SETTINGS
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tiering.objectstore import ObjectNotFound, open_store
-from tiering.remote import RemoteCache
+from stratalog.tiering.objectstore import ObjectNotFound, open_store
+from stratalog.tiering.remote import RemoteCache
 
 CHUNK = 1000
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tiering.batch import (
+from stratalog.tiering.batch import (
     BatchHeader,
     CorruptBatch,
     build_batch,
@@ -16,8 +16,8 @@ from tiering.batch import (
     set_log_append_time,
     split_batches,
 )
-from tiering.index import OffsetIndex, TimeIndex
-from tiering.segment import ActiveSegment, SealedSegment
+from stratalog.tiering.index import OffsetIndex, TimeIndex
+from stratalog.tiering.segment import ActiveSegment, SealedSegment
 
 # -- OffsetIndex -----------------------------------------------------------------------------
 

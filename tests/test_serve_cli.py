@@ -12,7 +12,7 @@ from conftest import ROOT, GatewayProcess
 
 
 def serve(*args, timeout=30):
-    return subprocess.run([sys.executable, "-m", "infra.cli", "serve", "--http", "off", *args],
+    return subprocess.run([sys.executable, "-m", "stratalog.infra.cli", "serve", "--http", "off", *args],
                           cwd=ROOT, capture_output=True, timeout=timeout)
 
 
@@ -54,7 +54,7 @@ def test_bad_config_file(tmp_path):
 def test_config_file_and_env_are_applied(tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text('"num.partitions" = 3\n[wal]\n"flush.ms" = 7\n')
-    from gateway.config import BrokerConfig, load_settings
+    from stratalog.gateway.config import BrokerConfig, load_settings
     settings = load_settings(cfg, env={"STRATALOG_WAL_FLUSH_MS": "9"}, flags={"log.roll.ms": "5"})
     cfg_ = BrokerConfig(settings)
     assert cfg_["num.partitions"] == 3 and cfg_["wal.flush.ms"] == 9 and cfg_["log.roll.ms"] == 5

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from conftest import GatewayProcess
-from spark.objects import StoreSpec
-from tiering.index import OffsetIndex, TimeIndex
+from stratalog.spark.objects import StoreSpec
+from stratalog.tiering.index import OffsetIndex, TimeIndex
 from spark_helpers import (Consumed, consume_all, create_topic, make_bucket, moto_s3, produce,
                            reads_traced, rows_of, spark_session, wait_sealed)
 
@@ -122,7 +122,7 @@ def test_spark_matches_kafka_consumer_on_s3(spark, s3_cluster, topic):
 
 def test_segments_are_input_partitions_and_large_ones_split(spark, file_cluster):
     spec = file_cluster.spec
-    from spark.metadata import ManifestMetadata
+    from stratalog.spark.metadata import ManifestMetadata
 
     segments = sum(len(p.segments) for p in ManifestMetadata(spec.open(), "codec-none").snapshot().partitions.values())
     assert segments > PARTITIONS  # several segments per partition
@@ -138,7 +138,7 @@ def _log_reads(reads):
 
 
 def _segments(cluster, topic, partition):
-    from spark.metadata import ManifestMetadata
+    from stratalog.spark.metadata import ManifestMetadata
 
     return ManifestMetadata(cluster.spec.open(), topic).snapshot().partitions[partition].segments
 
@@ -241,7 +241,7 @@ def test_auto_discovery_module_names_the_source():
 def test_arrow_schema_is_the_one_spark_derives():
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    from spark.schema import ARROW_SCHEMA, SPARK_SCHEMA
+    from stratalog.spark.schema import ARROW_SCHEMA, SPARK_SCHEMA
 
     assert to_arrow_schema(SPARK_SCHEMA, timezone="UTC").equals(ARROW_SCHEMA)
 
@@ -347,7 +347,7 @@ def test_coordinator_option_plans_from_etcd(spark, tmp_path):
 def test_pushed_filters_narrow_bounds_and_say_what_they_claim():
     from pyspark.sql.datasource import EqualTo, GreaterThan, In, LessThanOrEqual, Not, StringStartsWith
 
-    from spark.planning import Bounds
+    from stratalog.spark.planning import Bounds
 
     b = Bounds()
     claimed = []
@@ -364,7 +364,7 @@ def test_pushed_filters_narrow_bounds_and_say_what_they_claim():
 
 
 def test_options_parse_and_reject_cleanly():
-    from spark.options import EARLIEST, LATEST, OptionError, parse_options
+    from stratalog.spark.options import EARLIEST, LATEST, OptionError, parse_options
 
     o = parse_options({"topic": "t", "path": "s3://b/p", "Endpoint": "http://h:1", "PATHSTYLE": "true",
                        "startingOffsets": '{"t": {"1": 5, "0": -2}}', "endingTimestamp": "99"})

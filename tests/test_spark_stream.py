@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from spark.objects import StoreSpec
+from stratalog.spark.objects import StoreSpec
 from spark_helpers import consume_all, create_topic, produce, spark_session, wait_sealed
 
 SETTINGS = {"log.roll.ms": 400, "log.segment.bytes": 4000}
@@ -142,8 +142,8 @@ def test_latest_start_skips_what_was_sealed_before(spark, gateway_factory, tmp_p
 
 
 def test_checkpoint_of_another_topic_is_refused(spark, gateway_factory, tmp_path):
-    from spark.options import OptionError
-    from spark.streaming import StratalogStreamReader
+    from stratalog.spark.options import OptionError
+    from stratalog.spark.streaming import StratalogStreamReader
 
     gw = gateway_factory(settings=SETTINGS)
     url = (gw.data_dir / "objects").as_uri()

@@ -89,11 +89,11 @@ def test_objects_follow_the_layout_and_segments_dump_decodes_them(gateway_factor
     store = (gw.data_dir / "objects").as_uri()
     for key in [seg, seg[:-4] + ".index", seg[:-4] + ".timeindex",
                 next(k for k in keys if k.startswith("manifests/"))]:
-        proc = subprocess.run([sys.executable, "-m", "infra.cli", "segments", "dump", key,
+        proc = subprocess.run([sys.executable, "-m", "stratalog.infra.cli", "segments", "dump", key,
                                "--object-store", store, "--deep"], cwd=ROOT, capture_output=True)
         assert proc.returncode == 0, proc.stderr.decode()
         assert proc.stdout
-    proc = subprocess.run([sys.executable, "-m", "infra.cli", "segments", "dump", seg, "--print-records",
+    proc = subprocess.run([sys.executable, "-m", "stratalog.infra.cli", "segments", "dump", seg, "--print-records",
                            "--object-store", store], cwd=ROOT, capture_output=True)
     assert b"000199" in proc.stdout and b"k199" in proc.stdout
     # Records read back from the sealed segment (through its .index) are the ones written.

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tiering.errors import CorruptObject
-from tiering.wal import (
+from stratalog.tiering.errors import CorruptObject
+from stratalog.tiering.wal import (
     ENTRY_SIZE,
     HEADER_SIZE,
     TRAILER_SIZE,

@@ -46,7 +46,7 @@ from typing import Union
 import crc32c
 from aiokafka.record.default_records import DefaultRecordBatch as _CompiledBatch
 
-from tiering import compression as codecs
+from stratalog.tiering import compression as codecs
 
 HEADER_SIZE = 61
 MAGIC = 2

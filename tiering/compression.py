@@ -102,7 +102,7 @@ class _MalformedStream(Exception):
 
 def _corrupt(message: str) -> Exception:
     # Imported here because tiering.batch (the owner of CorruptBatch) imports this module.
-    from tiering.batch import CorruptBatch
+    from stratalog.tiering.batch import CorruptBatch
 
     return CorruptBatch(message)
 

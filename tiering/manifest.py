@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import crc32c
 import fastavro
 
-from tiering.errors import CorruptObject
+from stratalog.tiering.errors import CorruptObject
 
 FORMAT = "1"
 _META_FORMAT = "stratalog.manifest.format"

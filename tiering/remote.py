@@ -10,7 +10,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Awaitable, Callable
 
-from tiering.objectstore.base import ObjectStore, ObjectStoreError
+from stratalog.tiering.objectstore.base import ObjectStore, ObjectStoreError
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from tiering.batch import (
+from stratalog.tiering.batch import (
     HEADER_SIZE,
     LOG_APPEND_TIME,
     BatchHeader,
@@ -15,7 +15,7 @@ from tiering.batch import (
     decode_records,
     scan_batches,
 )
-from tiering.index import OffsetIndex, TimeIndex
+from stratalog.tiering.index import OffsetIndex, TimeIndex
 
 _INT32_MAX = (1 << 31) - 1
 _NO_TIMESTAMP = -1

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import crc32c
 
-from tiering.errors import CorruptObject
+from stratalog.tiering.errors import CorruptObject
 
 MAGIC = b"SLWL"
 FORMAT_VERSION = 1

@@ -28,10 +28,9 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from gateway.protocol.catalog import APIS  # noqa: E402
-from gateway.protocol.frames import decode_request, encode_response, peek_header  # noqa: E402
+from stratalog.gateway.protocol.catalog import APIS
+from stratalog.gateway.protocol.frames import decode_request, encode_response, peek_header
 
 CLIENT_ID = "stratalog-capture"
 TOPIC = "capture"

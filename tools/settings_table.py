@@ -1,13 +1,12 @@
-"""Print the README's settings table from gateway.config: `python tools/settings_table.py`."""
+"""Print the README's settings table from stratalog.gateway.config: `python tools/settings_table.py`."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gateway.config import BROKER_SETTINGS, TOPIC_CONFIGS  # noqa: E402
+from stratalog.gateway.config import BROKER_SETTINGS, TOPIC_CONFIGS
 
 
 def render() -> str:

@@ -18,8 +18,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Mapping, TypeVar
 
-from coordinator.model import CommittedOffset
-from gateway.protocol.error_codes import ErrorCode
+from stratalog.coordinator.model import CommittedOffset
+from stratalog.gateway.protocol.error_codes import ErrorCode
 
 from .group import CONSUMER_PROTOCOL_TYPE, Group, GroupState
 from .membership import GroupConfig, Membership

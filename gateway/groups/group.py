@@ -22,8 +22,8 @@ import asyncio
 import enum
 from dataclasses import dataclass, field
 
-from gateway.protocol.catalog import CONSUMER_PROTOCOL_SUBSCRIPTION
-from gateway.protocol.wire import DecodeError, Reader
+from stratalog.gateway.protocol.catalog import CONSUMER_PROTOCOL_SUBSCRIPTION
+from stratalog.gateway.protocol.wire import DecodeError, Reader
 
 CONSUMER_PROTOCOL_TYPE = "consumer"
 

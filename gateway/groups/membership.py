@@ -35,8 +35,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from gateway.protocol.error_codes import ErrorCode
-from gateway.protocol.wire import DecodeError
+from stratalog.gateway.protocol.error_codes import ErrorCode
+from stratalog.gateway.protocol.wire import DecodeError
 
 from .group import CONSUMER_PROTOCOL_TYPE, Group, GroupState, Member, Protocols, parse_subscription
 from .timers import Timers

@@ -3,9 +3,9 @@ AlterConfigs, IncrementalAlterConfigs and DeleteRecords."""
 
 from __future__ import annotations
 
-from gateway.config import BROKER_SETTINGS, TOPIC_CONFIGS
-from gateway.errors import KafkaError, error_code, error_message
-from gateway.protocol.error_codes import ErrorCode
+from stratalog.gateway.config import BROKER_SETTINGS, TOPIC_CONFIGS
+from stratalog.gateway.errors import KafkaError, error_code, error_message
+from stratalog.gateway.protocol.error_codes import ErrorCode
 
 from .registry import RequestContext, handles
 

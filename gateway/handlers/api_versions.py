@@ -1,6 +1,6 @@
 """ApiVersions: advertised from the handler registry (see ADVERTISED_MIN for the one exception)."""
 
-from gateway.protocol.error_codes import ErrorCode
+from stratalog.gateway.protocol.error_codes import ErrorCode
 
 from .registry import HANDLERS, RequestContext, handles
 

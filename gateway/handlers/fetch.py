@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 
-from gateway.protocol.error_codes import ErrorCode
-from gateway.server import Deferred
+from stratalog.gateway.protocol.error_codes import ErrorCode
+from stratalog.gateway.server import Deferred
 
 from .registry import RequestContext, handles
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.groups import JoinResult
-from gateway.handlers.registry import RequestContext, handles
-from gateway.protocol.error_codes import ErrorCode as E
-from gateway.protocol.schema import Message
+from stratalog.gateway.groups import JoinResult
+from stratalog.gateway.handlers.registry import RequestContext, handles
+from stratalog.gateway.protocol.error_codes import ErrorCode as E
+from stratalog.gateway.protocol.schema import Message
 
 GROUP_KEY_TYPE = 0
 TRANSACTION_KEY_TYPE = 1

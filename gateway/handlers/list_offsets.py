@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.protocol.error_codes import ErrorCode
+from stratalog.gateway.protocol.error_codes import ErrorCode
 
 from .registry import RequestContext, handles
 

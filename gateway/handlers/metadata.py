@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gateway.errors import KafkaError
-from gateway.protocol.error_codes import ErrorCode
+from stratalog.gateway.errors import KafkaError
+from stratalog.gateway.protocol.error_codes import ErrorCode
 
 from .registry import RequestContext, handles
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from coordinator.model import CommittedOffset
-from gateway.groups import OffsetEntry
-from gateway.handlers.groups import not_coordinator
-from gateway.handlers.registry import RequestContext, handles
-from gateway.protocol.error_codes import ErrorCode as E
-from gateway.protocol.schema import Message
+from stratalog.coordinator.model import CommittedOffset
+from stratalog.gateway.groups import OffsetEntry
+from stratalog.gateway.handlers.groups import not_coordinator
+from stratalog.gateway.handlers.registry import RequestContext, handles
+from stratalog.gateway.protocol.error_codes import ErrorCode as E
+from stratalog.gateway.protocol.schema import Message
 
 NO_OFFSET = CommittedOffset(offset=-1, leader_epoch=-1, metadata="", commit_timestamp=-1)
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.errors import KafkaError, error_code, error_message
-from gateway.protocol.error_codes import ErrorCode
-from gateway.server import NO_RESPONSE, Deferred
-from tiering.batch import CorruptBatch, decode_records, split_batches
+from stratalog.gateway.errors import KafkaError, error_code, error_message
+from stratalog.gateway.protocol.error_codes import ErrorCode
+from stratalog.gateway.server import NO_RESPONSE, Deferred
+from stratalog.tiering.batch import CorruptBatch, decode_records, split_batches
 
 from .registry import RequestContext, handles
 

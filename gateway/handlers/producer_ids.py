@@ -1,6 +1,6 @@
 """InitProducerId for idempotent producers (transactions are not supported)."""
 
-from gateway.protocol.error_codes import ErrorCode
+from stratalog.gateway.protocol.error_codes import ErrorCode
 
 from .registry import RequestContext, handles
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from gateway.protocol.schema import Message
+from stratalog.gateway.protocol.schema import Message
 
 if TYPE_CHECKING:
-    from gateway.broker import Broker
+    from stratalog.gateway.broker import Broker
 
 
 @dataclass(slots=True)

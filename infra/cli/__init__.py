@@ -16,23 +16,23 @@ import importlib
 import os
 import sys
 
-from infra.cli.common import CliError, UsageError
+from stratalog.infra.cli.common import CliError, UsageError
 
 # Subcommand modules, in help order. REGISTRATION POINT: `stratalog serve` lives in
 # infra/cli/serve.py (owned by the gateway's author) and plugs in through the same
 # add_parser/run pair; it is skipped if the module is absent.
 COMMANDS = (
-    "infra.cli.serve",
-    "infra.cli.topics",
-    "infra.cli.produce",
-    "infra.cli.consume",
-    "infra.cli.groups",
-    "infra.cli.segments",
-    "infra.cli.cluster",
-    "infra.cli.compact",
-    "infra.cli.export",
+    "stratalog.infra.cli.serve",
+    "stratalog.infra.cli.topics",
+    "stratalog.infra.cli.produce",
+    "stratalog.infra.cli.consume",
+    "stratalog.infra.cli.groups",
+    "stratalog.infra.cli.segments",
+    "stratalog.infra.cli.cluster",
+    "stratalog.infra.cli.compact",
+    "stratalog.infra.cli.export",
 )
-OPTIONAL_COMMANDS = {"infra.cli.serve"}
+OPTIONAL_COMMANDS = {"stratalog.infra.cli.serve"}
 
 EXIT_INTERRUPTED = 130
 DEBUG_ENV = "STRATALOG_DEBUG"

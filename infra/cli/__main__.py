@@ -1,7 +1,7 @@
-"""`python -m infra.cli ...` runs the `stratalog` command."""
+"""`python -m stratalog.infra.cli ...` runs the `stratalog` command."""
 
 import sys
 
-from infra.cli import main
+from stratalog.infra.cli import main
 
 sys.exit(main())

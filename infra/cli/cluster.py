@@ -10,7 +10,7 @@ import argparse
 import signal
 from pathlib import Path
 
-from infra.cli.common import (CliError, key_value, note, positive_float, positive_int, print_table,
+from stratalog.infra.cli.common import (CliError, key_value, note, positive_float, positive_int, print_table,
                               stderr_is_terminal)
 
 DEFAULT_DIR = Path("stratalog-cluster")
@@ -83,7 +83,7 @@ def _raise_interrupt(signum, frame):
 
 
 def run_up(args: argparse.Namespace) -> int:
-    from infra.cluster import ClusterError, ClusterLauncher, ClusterPlan
+    from stratalog.infra.cluster import ClusterError, ClusterLauncher, ClusterPlan
 
     plan = ClusterPlan(directory=args.dir, gateways=args.gateways, base_port=args.base_port,
                        http_base_port=args.http_base_port, etcd_port=args.etcd_port,
@@ -120,7 +120,7 @@ def run_up(args: argparse.Namespace) -> int:
 
 
 def _quiet_stop(launcher) -> None:
-    from infra.cluster import ClusterError
+    from stratalog.infra.cluster import ClusterError
 
     # A second Ctrl-C must not leave half the cluster running.
     old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -135,7 +135,7 @@ def _quiet_stop(launcher) -> None:
 
 
 def run_down(args: argparse.Namespace) -> int:
-    from infra.cluster import ClusterError, down
+    from stratalog.infra.cluster import ClusterError, down
 
     try:
         state, running = down(args.dir)
@@ -146,7 +146,7 @@ def run_down(args: argparse.Namespace) -> int:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from infra.cluster import ClusterError, status
+    from stratalog.infra.cluster import ClusterError, status
 
     try:
         state, rows = status(args.dir)

@@ -12,7 +12,7 @@ import argparse
 import os
 from pathlib import Path
 
-from infra.cli.common import CliError, non_negative_int, print_table
+from stratalog.infra.cli.common import CliError, non_negative_int, print_table
 
 DEFAULT_ADMIN = "http://127.0.0.1:9644"
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
@@ -33,7 +33,7 @@ def add_store_options(p: argparse.ArgumentParser) -> None:
 
 def spark_session(args: argparse.Namespace, app_name: str):
     try:
-        from spark.session import get_session
+        from stratalog.spark.session import get_session
     except ImportError as exc:
         raise CliError(f"this command needs pyspark and pyarrow (pip install 'stratalog[spark]'): {exc}") from None
     return get_session(args.spark_master, app_name=app_name)
@@ -50,7 +50,7 @@ def spark_reason(exc: Exception) -> str:
 
 
 def resolved_store(args: argparse.Namespace) -> str:
-    from infra.cli.segments import store_url
+    from stratalog.infra.cli.segments import store_url
 
     return store_url(args)
 
@@ -77,8 +77,8 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     url = resolved_store(args)
-    from spark.compaction import CompactionError, compact
-    from spark.metadata import TopicNotFound
+    from stratalog.spark.compaction import CompactionError, compact
+    from stratalog.spark.metadata import TopicNotFound
 
     overrides = {}
     if args.delete_retention_ms is not None:

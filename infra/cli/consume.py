@@ -17,8 +17,8 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from infra.cli.common import CliError, non_negative_int, positive_float, positive_int
-from infra.cli.kafka import DEFAULT_TIMEOUT, Cluster, add_connection_options, reason
+from stratalog.infra.cli.common import CliError, non_negative_int, positive_float, positive_int
+from stratalog.infra.cli.kafka import DEFAULT_TIMEOUT, Cluster, add_connection_options, reason
 
 # Errors after which waiting longer cannot help; anything else librdkafka reports while
 # consuming (a dropped connection, a leader moving) it also retries by itself.

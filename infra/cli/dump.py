@@ -11,16 +11,16 @@ import argparse
 import bisect
 from collections.abc import Callable
 
-from tiering import layout
-from tiering.batch import BatchHeader, CorruptBatch, batch_crc_valid, decode_records, scan_batches
-from tiering.compression import CODEC_NAMES
-from tiering.errors import CorruptObject
-from tiering.index import OffsetIndex, TimeIndex
-from tiering.manifest import read_manifest
-from tiering.wal import read_wal
+from stratalog.tiering import layout
+from stratalog.tiering.batch import BatchHeader, CorruptBatch, batch_crc_valid, decode_records, scan_batches
+from stratalog.tiering.compression import CODEC_NAMES
+from stratalog.tiering.errors import CorruptObject
+from stratalog.tiering.index import OffsetIndex, TimeIndex
+from stratalog.tiering.manifest import read_manifest
+from stratalog.tiering.wal import read_wal
 
-from infra.cli.common import format_table
-from infra.cli.segments import MANIFEST, SEGMENT, WAL, kind_of
+from stratalog.infra.cli.common import format_table
+from stratalog.infra.cli.segments import MANIFEST, SEGMENT, WAL, kind_of
 
 _DECODE_ERRORS = (CorruptBatch, CorruptObject, ValueError)
 
@@ -170,7 +170,7 @@ class Dumper:
 
     async def _sibling_log(self, key: str, parsed) -> list[tuple[int, BatchHeader]] | None:
         log_key = key[: -len(parsed.ext)] + layout.LOG
-        from tiering.objectstore import ObjectNotFound
+        from stratalog.tiering.objectstore import ObjectNotFound
 
         try:
             data = await self.store.get(log_key)
@@ -200,7 +200,7 @@ class Dumper:
             self._lines += _indent(format_table(
                 ["BASE", "LAST", "SIZE", "MIN-TIMESTAMP", "MAX-TIMESTAMP", "EPOCH", "KEY-BASE"], rows), "  ")
         if self.deep:
-            from tiering.objectstore import ObjectNotFound
+            from stratalog.tiering.objectstore import ObjectNotFound
 
             for s in m.segments:
                 try:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from infra.cli.common import CliError, note
-from infra.cli.compact import add_store_options, resolved_store, spark_reason, spark_session
+from stratalog.infra.cli.common import CliError, note
+from stratalog.infra.cli.compact import add_store_options, resolved_store, spark_reason, spark_session
 
 
 def add_parser(subparsers) -> None:
@@ -36,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
     url = resolved_store(args)
     if args.value_format == "avro" and not args.schema:
         raise CliError("--value-format avro needs --schema FILE.avsc")
-    from spark.export import ExportError, export
-    from spark.options import OptionError
+    from stratalog.spark.export import ExportError, export
+    from stratalog.spark.options import OptionError
 
     options = {"endpoint": args.s3_endpoint, "region": args.s3_region,
                "pathStyle": "true" if args.s3_path_style else None,

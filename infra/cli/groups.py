@@ -7,8 +7,8 @@ import argparse
 from confluent_kafka import ConsumerGroupState, ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import OffsetSpec
 
-from infra.cli.common import CliError, enum_label, non_negative_int, note, print_table
-from infra.cli.kafka import Cluster, add_connection_options, reason
+from stratalog.infra.cli.common import CliError, enum_label, non_negative_int, note, print_table
+from stratalog.infra.cli.kafka import Cluster, add_connection_options, reason
 
 _GONE = {ConsumerGroupState.DEAD, ConsumerGroupState.UNKNOWN}
 

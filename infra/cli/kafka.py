@@ -14,7 +14,7 @@ import os
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ClusterMetadata, TopicMetadata
 
-from infra.cli.common import CliError, key_value, positive_float
+from stratalog.infra.cli.common import CliError, key_value, positive_float
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_TIMEOUT = 10.0

@@ -11,8 +11,8 @@ from typing import BinaryIO
 
 from confluent_kafka import KafkaException
 
-from infra.cli.common import CliError, key_value, non_negative_int, note, stderr_is_terminal
-from infra.cli.kafka import Cluster, add_connection_options, reason
+from stratalog.infra.cli.common import CliError, key_value, non_negative_int, note, stderr_is_terminal
+from stratalog.infra.cli.kafka import Cluster, add_connection_options, reason
 
 COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 

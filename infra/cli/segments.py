@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from infra.cli.common import CliError, print_table, s3_store_options, stderr_is_terminal
+from stratalog.infra.cli.common import CliError, print_table, s3_store_options, stderr_is_terminal
 
 DEFAULT_DATA_DIR = "stratalog-data"
 
@@ -81,7 +81,7 @@ def store_url(args: argparse.Namespace) -> str:
 
 
 def _open(args: argparse.Namespace):
-    from tiering.objectstore import open_store
+    from stratalog.tiering.objectstore import open_store
 
     url = store_url(args)
     try:
@@ -91,14 +91,14 @@ def _open(args: argparse.Namespace):
 
 
 def _store_errors():
-    from tiering.objectstore import ObjectNotFound, ObjectStoreError
+    from stratalog.tiering.objectstore import ObjectNotFound, ObjectStoreError
 
     return ObjectNotFound, ObjectStoreError
 
 
 def kind_of(key: str) -> tuple[str, object]:
     """What a key names, and its parsed form (None for OTHER)."""
-    from tiering import layout
+    from stratalog.tiering import layout
 
     for kind, parse in ((WAL, layout.parse_wal_key), (SEGMENT, layout.parse_segment_key),
                         (MANIFEST, layout.parse_manifest_key)):
@@ -114,7 +114,7 @@ def run_ls(args: argparse.Namespace) -> int:
 
 
 async def _ls(args: argparse.Namespace) -> int:
-    from tiering import layout
+    from stratalog.tiering import layout
 
     store = _open(args)
     _, store_error = _store_errors()
@@ -149,7 +149,7 @@ def run_dump(args: argparse.Namespace) -> int:
 
 
 async def _dump(args: argparse.Namespace) -> int:
-    from infra.cli.dump import Dumper
+    from stratalog.infra.cli.dump import Dumper
 
     store = _open(args)
     not_found, store_error = _store_errors()

@@ -47,8 +47,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gateway.app import GatewayOptions, StartupError, serve_forever
-    from gateway.config import BrokerConfig, ConfigError, load_settings
+    from stratalog.gateway.app import GatewayOptions, StartupError, serve_forever
+    from stratalog.gateway.config import BrokerConfig, ConfigError, load_settings
 
     from .common import s3_store_options
 

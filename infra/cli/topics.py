@@ -14,8 +14,8 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from infra.cli.common import CliError, key_value, positive_int, print_table, unique_pairs
-from infra.cli.kafka import Cluster, add_connection_options, error_code, reason
+from stratalog.infra.cli.common import CliError, key_value, positive_int, print_table, unique_pairs
+from stratalog.infra.cli.kafka import Cluster, add_connection_options, error_code, reason
 
 
 def add_parser(subparsers) -> None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import socket
 import struct
 
-from gateway.protocol.frames import decode_response, encode_request
-from tiering.batch import scan_batches
+from stratalog.gateway.protocol.frames import decode_response, encode_request
+from stratalog.tiering.batch import scan_batches
 
 FETCH, FETCH_VERSION = 1, 4
 CODEC_IDS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}

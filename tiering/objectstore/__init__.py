@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from tiering.objectstore.base import ObjectInfo, ObjectNotFound, ObjectStore, ObjectStoreError
+from stratalog.tiering.objectstore.base import ObjectInfo, ObjectNotFound, ObjectStore, ObjectStoreError
 
 __all__ = ["ObjectInfo", "ObjectNotFound", "ObjectStore", "ObjectStoreError", "open_store"]
 
@@ -29,7 +29,7 @@ def open_store(url: str, **options) -> ObjectStore:
         path = unquote(parts.path)
         if not path.startswith("/") or path == "/":
             raise ValueError(f"file URL needs an absolute directory below /, got {url!r}")
-        from tiering.objectstore.file import FileObjectStore
+        from stratalog.tiering.objectstore.file import FileObjectStore
 
         if options:
             raise ValueError(f"file object store takes no options, got {sorted(options)}")
@@ -38,7 +38,7 @@ def open_store(url: str, **options) -> ObjectStore:
         bucket = parts.netloc
         if not bucket or "@" in bucket or ":" in bucket:
             raise ValueError(f"s3 URL must be s3://bucket/prefix, got {url!r}")
-        from tiering.objectstore.s3 import S3ObjectStore
+        from stratalog.tiering.objectstore.s3 import S3ObjectStore
 
         return S3ObjectStore(bucket, unquote(parts.path).strip("/"), **options)
     raise ValueError(f"unknown object store scheme {parts.scheme!r} in {url!r}; expected one of {', '.join(SCHEMES)}")

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from tiering.objectstore.base import (
+from stratalog.tiering.objectstore.base import (
     ObjectInfo,
     ObjectNotFound,
     ObjectStoreError,

@@ -27,7 +27,7 @@ import botocore.exceptions
 from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession
 
-from tiering.objectstore.base import (
+from stratalog.tiering.objectstore.base import (
     ObjectInfo,
     ObjectNotFound,
     ObjectStoreError,

@@ -1,0 +1,5 @@
+"""`python -m stratalog ...` runs the `stratalog` command."""
+
+from stratalog.infra.cli import main
+
+raise SystemExit(main())
