@@ -95,9 +95,8 @@ class Gateway:
                else (self.host if self.host not in ("0.0.0.0", "::", "") else "127.0.0.1", self.port))
         self.broker = Broker(self.config, node_id=node_id, advertised=adv, data_dir=self.data_dir,
                              store=self._store, objects=objects, rack=self.options.rack,
-                             lease_ttl_s=max(1, round(self.config["broker.session.timeout.ms"] / 1000)))
-        self.broker.metrics = self.metrics
-        self.broker.wal.metrics = self.metrics
+                             lease_ttl_s=max(1, round(self.config["broker.session.timeout.ms"] / 1000)),
+                             metrics=self.metrics)
         self.server.broker = self.broker
         self.metrics.attach(self.broker)
         if self.options.http:

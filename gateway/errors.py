@@ -5,10 +5,12 @@ from __future__ import annotations
 from stratalog.coordinator.model import Fenced, TopicExists, UnknownTopic
 from stratalog.tiering.batch import CorruptBatch, UnsupportedMagic
 
+from stratalog.engine import errors as engine
+from stratalog.engine.producers import InvalidProducerEpoch, OutOfOrderSequence
+from stratalog.engine.wal_writer import WalCommitFailed
+
 from .config import ConfigError
-from .producers import InvalidProducerEpoch, OutOfOrderSequence
 from .protocol.error_codes import ErrorCode
-from .wal_writer import WalCommitFailed
 
 
 class KafkaError(Exception):
@@ -30,6 +32,15 @@ _BY_TYPE: list[tuple[type, ErrorCode]] = [
     (TopicExists, ErrorCode.TOPIC_ALREADY_EXISTS),
     (UnknownTopic, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
     (ConfigError, ErrorCode.INVALID_CONFIG),
+    (engine.UnknownTopicOrPartition, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+    (engine.NotLeader, ErrorCode.NOT_LEADER_OR_FOLLOWER),
+    (engine.FencedLeaderEpoch, ErrorCode.FENCED_LEADER_EPOCH),
+    (engine.UnknownLeaderEpoch, ErrorCode.UNKNOWN_LEADER_EPOCH),
+    (engine.OffsetOutOfRange, ErrorCode.OFFSET_OUT_OF_RANGE),
+    (engine.RecordTooLarge, ErrorCode.MESSAGE_TOO_LARGE),
+    (engine.InvalidRecord, ErrorCode.INVALID_RECORD),
+    (engine.SwapRefused, ErrorCode.INVALID_REQUEST),
+    (engine.CorruptLog, ErrorCode.KAFKA_STORAGE_ERROR),
 ]
 
 

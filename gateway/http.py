@@ -13,8 +13,7 @@ import logging
 from aiohttp import web
 
 from stratalog.coordinator.model import SegmentEntry
-
-from .errors import KafkaError
+from stratalog.engine.errors import NotLeader, SwapRefused
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +69,7 @@ class HttpServer:
         except (KeyError, TypeError, ValueError) as e:
             return web.json_response({"error": f"bad request: {e}"}, status=400)
         try:
-            await broker.replace_segments(topic, partition, remove, add, expect_keys=expect or None)
-        except KafkaError as e:
-            status = 404 if e.code.name.startswith(("UNKNOWN", "NOT_LEADER")) else 409
-            return web.json_response({"error": e.message or e.code.name}, status=status)
+            await broker.engine.replace_segments(topic, partition, remove, add, expect_keys=expect or None)
+        except (NotLeader, SwapRefused) as e:
+            return web.json_response({"error": str(e)}, status=404 if isinstance(e, NotLeader) else 409)
         return web.json_response({"ok": True})

@@ -56,7 +56,7 @@ class _StateCollector:
     def collect(self):
         b = self.broker
         led = GaugeMetricFamily("stratalog_partitions_led", "Partitions this gateway leads")
-        led.add_metric([], len(b.logs))
+        led.add_metric([], b.led_count())
         yield led
         under = GaugeMetricFamily("stratalog_under_replicated_partitions",
                                   "Led partitions whose ISR is smaller than their replica set")
@@ -75,7 +75,7 @@ class _StateCollector:
                 nbytes.add_metric([direction], stats[direction])
         yield ops
         yield nbytes
-        cache = getattr(b.cache, "stats", {})
+        cache = getattr(b.engine.cache, "stats", {})
         hits, misses = cache.get("hits", 0), cache.get("misses", 0)
         ratio = GaugeMetricFamily("stratalog_cache_hit_ratio", "Remote-read cache hits over lookups")
         ratio.add_metric([], hits / (hits + misses) if hits + misses else 0.0)

@@ -13,28 +13,15 @@ import asyncio
 import logging
 import struct
 import time
-from typing import Any, Awaitable
 
 from .handlers import load_handlers
-from .handlers.registry import HANDLERS, RequestContext, supported_versions
+from .handlers.registry import HANDLERS, NO_RESPONSE, Deferred, RequestContext, supported_versions
 from .protocol.frames import UnknownApi, decode_request, encode_response_parts
 from .protocol.wire import DecodeError
 
 log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 4096  # responses a connection may have pending before we stop reading
-
-
-class Deferred:
-    """A response that is ready once `awaitable` completes; see the module docstring."""
-
-    __slots__ = ("awaitable",)
-
-    def __init__(self, awaitable: Awaitable[Any]):
-        self.awaitable = awaitable
-
-
-NO_RESPONSE = object()  # acks=0 produce: the protocol sends nothing back
 
 
 class GatewayServer:

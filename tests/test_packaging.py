@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-BARE = re.compile(r"^\s*(from|import)\s+(gateway|tiering|coordinator|spark|infra)(\.|\s|$)", re.M)
+BARE = re.compile(r"^\s*(from|import)\s+(engine|gateway|tiering|coordinator|spark|infra)(\.|\s|$)", re.M)
 
 
 def _declared_folder(package: str) -> Path:
@@ -31,7 +31,7 @@ def test_every_package_folder_is_installed():
 
 def test_no_module_imports_a_bare_folder_name():
     offenders = []
-    for folder in ["gateway", "tiering", "coordinator", "spark", "infra", "stratalog", "pyspark_stratalog",
+    for folder in ["engine", "gateway", "tiering", "coordinator", "spark", "infra", "stratalog", "pyspark_stratalog",
                    "tests", "bench", "tools"]:
         for path in (ROOT / folder).rglob("*.py"):
             if "node_modules" in path.parts:

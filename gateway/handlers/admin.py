@@ -43,7 +43,7 @@ async def create_topics(ctx: RequestContext, req):
             if t.assignments:
                 raise KafkaError(ErrorCode.INVALID_REQUEST, "manual replica assignments are not supported")
             configs = {c.name: c.value for c in t.configs}
-            info = await broker.create_topic(t.name, t.num_partitions, t.replication_factor, configs,
+            info = await broker.admin.create_topic(t.name, t.num_partitions, t.replication_factor, configs,
                                              validate_only=req.validate_only)
             row.update(topic_id=info.topic_id, num_partitions=info.partitions,
                        replication_factor=info.replication_factor,
@@ -83,7 +83,7 @@ async def delete_topics(ctx: RequestContext, req):
             info = broker.topics.get(name)
             if info is not None:
                 row["topic_id"] = info.topic_id
-            await broker.delete_topic(name)
+            await broker.admin.delete_topic(name)
         except Exception as e:  # noqa: BLE001
             row.update(_failure(e))
         out.append(row)
@@ -98,7 +98,7 @@ async def create_partitions(ctx: RequestContext, req):
         try:
             if t.assignments:
                 raise KafkaError(ErrorCode.INVALID_REQUEST, "manual replica assignments are not supported")
-            await ctx.broker.add_partitions(t.name, t.count, validate_only=req.validate_only)
+            await ctx.broker.admin.add_partitions(t.name, t.count, validate_only=req.validate_only)
         except Exception as e:  # noqa: BLE001
             row.update(_failure(e))
         out.append(row)
@@ -169,9 +169,9 @@ async def _alter(broker, r, build, validate_only: bool) -> dict:
         if info is None:
             raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {r.resource_name!r} does not exist")
         configs = build(dict(info.configs), r.configs)
-        checked = broker.check_topic_configs(configs)
+        checked = broker.admin.check_topic_configs(configs)
         if not validate_only:
-            await broker.set_topic_configs(r.resource_name, checked)
+            await broker.admin.set_topic_configs(r.resource_name, checked)
     except Exception as e:  # noqa: BLE001
         row.update(_failure(e))
     return row
@@ -222,7 +222,7 @@ async def delete_records(ctx: RequestContext, req):
         for p in t.partitions:
             row = {"partition_index": p.partition_index, "low_watermark": -1, "error_code": 0}
             try:
-                row["low_watermark"] = await ctx.broker.delete_records(t.name, p.partition_index, p.offset)
+                row["low_watermark"] = await ctx.broker.engine.delete_records(t.name, p.partition_index, p.offset)
             except Exception as e:  # noqa: BLE001
                 row["error_code"] = error_code(e)
             parts.append(row)

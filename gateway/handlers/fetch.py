@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 
+from stratalog.engine.errors import EngineError
+from stratalog.gateway.errors import error_code
 from stratalog.gateway.protocol.error_codes import ErrorCode
-from stratalog.gateway.server import Deferred
-
-from .registry import RequestContext, handles
+from .registry import Deferred, RequestContext, handles
 
 
 def _resolve_topic(broker, t, version: int):
@@ -39,23 +39,13 @@ async def _read_all(broker, req, version: int) -> tuple[list, int]:
                 entry["error_code"] = (ErrorCode.UNKNOWN_TOPIC_ID if version >= 13
                                        else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
                 continue
-            source = broker.partition_leader(name, p.partition)
-            if source is not None:
-                epoch = source.leader_epoch
-            else:
+            try:
                 # A follower serves consumers that the leader sent to it (KIP-392).
-                source = broker.replica_view(name, p.partition)
-                epoch = broker.leader_epoch(name, p.partition)
-            if source is None:
-                count = broker.partition_count(name)
-                entry["error_code"] = (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-                                       if count is None or p.partition >= count
-                                       else ErrorCode.NOT_LEADER_OR_FOLLOWER)
-                continue
-            if version >= 9 and p.current_leader_epoch >= 0 and p.current_leader_epoch != epoch:
-                entry["error_code"] = (ErrorCode.FENCED_LEADER_EPOCH
-                                       if p.current_leader_epoch < epoch
-                                       else ErrorCode.UNKNOWN_LEADER_EPOCH)
+                source = broker.engine.partition(name, p.partition,
+                                                 p.current_leader_epoch if version >= 9 else -1,
+                                                 followers=True)
+            except EngineError as e:
+                entry["error_code"] = error_code(e)
                 continue
             entry["high_watermark"] = source.high_watermark
             entry["last_stable_offset"] = source.high_watermark
@@ -72,7 +62,7 @@ async def _read_all(broker, req, version: int) -> tuple[list, int]:
             limit = min(p.partition_max_bytes, remaining)
             if limit <= 0 and total > 0:
                 continue
-            data = await source.read(offset, max(limit, 1), broker.cache)
+            data = await broker.engine.read(source, offset, max(limit, 1))
             if data:
                 entry["records"] = data
                 total += len(data)
@@ -104,7 +94,7 @@ async def _long_poll(broker, req, version, responses, total):
         left = deadline - time.monotonic()
         if left <= 0:
             break
-        await broker.wait_for_data(left)
+        await broker.engine.wait_for_data(left)
         responses, total = await _read_all(broker, req, version)
         if _has_errors(responses):
             break

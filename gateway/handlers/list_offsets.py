@@ -2,43 +2,29 @@
 
 from __future__ import annotations
 
+from stratalog.engine.engine import EARLIEST, LATEST, MAX_TIMESTAMP
+from stratalog.engine.errors import EngineError, NotLeader, UnknownTopicOrPartition
+from stratalog.gateway.errors import error_code
 from stratalog.gateway.protocol.error_codes import ErrorCode
 
 from .registry import RequestContext, handles
-
-LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
 
 
 async def _one(broker, topic: str, p, version: int) -> dict:
     out = {"partition_index": p.partition_index, "error_code": 0, "timestamp": -1, "offset": -1,
            "leader_epoch": -1}
-    plog = broker.partition_leader(topic, p.partition_index)
-    if plog is None:
-        count = broker.partition_count(topic)
-        out["error_code"] = (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-                             if count is None or p.partition_index >= count
-                             else ErrorCode.NOT_LEADER_OR_FOLLOWER)
-        return out
-    if version >= 4 and p.current_leader_epoch >= 0 and p.current_leader_epoch != plog.leader_epoch:
-        out["error_code"] = (ErrorCode.FENCED_LEADER_EPOCH if p.current_leader_epoch < plog.leader_epoch
-                             else ErrorCode.UNKNOWN_LEADER_EPOCH)
+    try:
+        plog = broker.engine.leader(topic, p.partition_index, p.current_leader_epoch if version >= 4 else -1)
+    except EngineError as e:
+        out["error_code"] = error_code(e)
         return out
     out["leader_epoch"] = plog.leader_epoch
-    ts = p.timestamp
-    if ts == LATEST:
-        out["offset"] = plog.high_watermark
-    elif ts == EARLIEST:
-        out["offset"] = plog.log_start_offset
-    elif ts == MAX_TIMESTAMP:
-        found = await plog.max_timestamp_offset(broker.cache)
-        if found is not None:
-            out["offset"], out["timestamp"] = found
-    elif ts < 0:
+    if p.timestamp < 0 and p.timestamp not in (LATEST, EARLIEST, MAX_TIMESTAMP):
         out["error_code"] = ErrorCode.INVALID_REQUEST
-    else:
-        found = await plog.offset_for_timestamp(ts, broker.cache)
-        if found is not None:
-            out["offset"], out["timestamp"] = found
+        return out
+    found = await broker.engine.list_offset(plog, p.timestamp)
+    if found is not None:
+        out["offset"], out["timestamp"] = found
     return out
 
 
@@ -59,13 +45,11 @@ async def offset_for_leader_epoch(ctx: RequestContext, req):
         parts = []
         for p in t.partitions:
             out = {"partition": p.partition, "error_code": 0, "leader_epoch": -1, "end_offset": -1}
-            plog = broker.partition_leader(t.topic, p.partition)
-            if plog is None:
-                out["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-            elif ctx.version >= 2 and p.current_leader_epoch >= 0 and p.current_leader_epoch != plog.leader_epoch:
-                out["error_code"] = (ErrorCode.FENCED_LEADER_EPOCH
-                                     if p.current_leader_epoch < plog.leader_epoch
-                                     else ErrorCode.UNKNOWN_LEADER_EPOCH)
+            try:
+                plog = broker.engine.leader(t.topic, p.partition, p.current_leader_epoch if ctx.version >= 2 else -1)
+            except EngineError as e:
+                # Not led here is answered as unknown, as it always has been for this API.
+                out["error_code"] = error_code(UnknownTopicOrPartition() if isinstance(e, NotLeader) else e)
             else:
                 out["leader_epoch"], out["end_offset"] = plog.end_offset_for_epoch(p.leader_epoch)
             parts.append(out)

@@ -57,7 +57,7 @@ async def metadata(ctx: RequestContext, req):
             error = 0
             if info is None and auto:
                 try:
-                    info = await broker.ensure_topic(name)
+                    info = await broker.admin.ensure_topic(name)
                 except KafkaError as e:
                     error = e.code
             if info is None and not error:

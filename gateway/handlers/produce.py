@@ -8,79 +8,28 @@ from __future__ import annotations
 
 import asyncio
 
-from stratalog.gateway.errors import KafkaError, error_code, error_message
+from stratalog.gateway.errors import error_code, error_message
 from stratalog.gateway.protocol.error_codes import ErrorCode
-from stratalog.gateway.server import NO_RESPONSE, Deferred
-from stratalog.tiering.batch import CorruptBatch, decode_records, split_batches
-
-from .registry import RequestContext, handles
-
-
-def _validate(broker, topic: str, records) -> list:
-    if records is None or len(records) == 0:
-        raise KafkaError(ErrorCode.CORRUPT_MESSAGE, "no record batches")
-    batches = split_batches(records)
-    max_bytes = broker.topic_config(topic, "max.message.bytes")
-    compacted = "compact" in broker.topic_config(topic, "cleanup.policy")
-    for h, view in batches:
-        if h.size > max_bytes:
-            raise KafkaError(ErrorCode.MESSAGE_TOO_LARGE,
-                             f"batch of {h.size} bytes exceeds max.message.bytes {max_bytes}")
-        if h.is_transactional or h.is_control:
-            raise KafkaError(ErrorCode.INVALID_RECORD, "transactional batches are not supported")
-        if compacted:
-            try:
-                records_ = decode_records(view)
-            except CorruptBatch as e:
-                raise KafkaError(ErrorCode.CORRUPT_MESSAGE, str(e)) from None
-            if any(r.key is None for r in records_):
-                raise KafkaError(ErrorCode.INVALID_RECORD, "compacted topic requires a key on every record")
-    return batches
+from .registry import NO_RESPONSE, Deferred, RequestContext, handles
 
 
 def _produce_partition(broker, topic: str, index: int, records, now_ms: int):
     """Append one partition's batches; returns (response dict, awaitable or None)."""
     resp = {"index": index, "error_code": 0, "base_offset": -1, "log_append_time_ms": -1,
             "log_start_offset": -1}
-    plog = broker.partition_leader(topic, index)
     try:
-        if plog is None:
-            if broker.partition_count(topic) is None or index >= broker.partition_count(topic):
-                raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-            raise KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER)
-        batches = _validate(broker, topic, records)
-        log_append = broker.topic_config(topic, "message.timestamp.type") == "LogAppendTime"
-        wait = None
-        base = None
-        for h, view in batches:
-            original = plog.check_duplicate(h)
-            if original is not None:
-                if base is None:
-                    base = original.base_offset
-                wait = _committed_past(broker, plog, original.last_offset)
-                continue
-            data, stored = plog.append(view, h, now_ms=now_ms, log_append_time=log_append)
-            if base is None:
-                base = stored.base_offset
-            wait = broker.wal.add(plog, stored.base_offset, stored.last_offset, stored.max_timestamp, data)
-        broker.maybe_roll(plog)
-        if broker.metrics is not None:
-            broker.metrics.produced(topic, sum(h.size for h, _ in batches),
-                                    sum(h.records_count for h, _ in batches))
-        resp["base_offset"] = base
-        resp["log_start_offset"] = plog.log_start_offset
-        if log_append:
-            resp["log_append_time_ms"] = now_ms
-        return resp, wait
+        appended = broker.engine.append(topic, index, records, now_ms=now_ms)
     except Exception as e:  # noqa: BLE001 - every failure becomes this partition's error code
         resp["error_code"] = error_code(e)
         resp["error_message"] = error_message(e)
         return resp, None
-
-
-async def _committed_past(broker, plog, last_offset: int) -> None:
-    while plog.high_watermark <= last_offset:
-        await broker.wait_for_data(1.0)
+    if broker.metrics is not None:
+        broker.metrics.produced(topic, appended.bytes, appended.records)
+    resp["base_offset"] = appended.base_offset
+    resp["log_start_offset"] = appended.log_start_offset
+    if broker.topic_config(topic, "message.timestamp.type") == "LogAppendTime":
+        resp["log_append_time_ms"] = now_ms
+    return resp, appended.commit
 
 
 @handles(0, 3, 11)

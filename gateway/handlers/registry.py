@@ -28,6 +28,20 @@ class RequestContext:
 HandlerFn = Callable[[RequestContext, Message], Awaitable[Any]]
 
 
+class Deferred:
+    """A response that is ready once `awaitable` completes: the part of a handler's work
+    that only waits (a WAL commit for acks=all, a fetch long poll). The server reads the
+    connection's next request meanwhile and still answers in request order."""
+
+    __slots__ = ("awaitable",)
+
+    def __init__(self, awaitable: Awaitable[Any]):
+        self.awaitable = awaitable
+
+
+NO_RESPONSE = object()  # acks=0 produce: the protocol sends nothing back
+
+
 @dataclass(frozen=True, slots=True)
 class Handler:
     api_key: int

@@ -1,4 +1,4 @@
-"""The gateway's WAL buffer: batches of every led partition, flushed as ONE object.
+"""The WAL buffer of one gateway: batches of every led partition, flushed as ONE object.
 
 Every `wal.flush.ms` or `wal.flush.bytes`, whichever comes first, the pending batches are
 uploaded as one WAL object and its per-partition ranges committed to the coordinator in
@@ -56,7 +56,7 @@ class WalWriter:
                  flush_ms: int, flush_bytes: int,
                  on_committed: Callable[[dict, list[WalRange]], None],
                  on_fenced: Callable[[list[tuple[uuid.UUID, int]]], None],
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, metrics=None):
         self.gateway_id = gateway_id
         self.objects = objects
         self.store = store
@@ -74,7 +74,7 @@ class WalWriter:
         self.flushes = 0
         self.last_flush_seconds = 0.0
         self.last_commit_seconds = 0.0
-        self.metrics = None
+        self.metrics = metrics
 
     async def start(self) -> None:
         """Continue the sequence after every WAL object this gateway id ever wrote,

@@ -14,34 +14,21 @@ from __future__ import annotations
 import logging
 import shutil
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 from stratalog.coordinator.model import ClusterStore, SegmentEntry
 from stratalog.tiering import layout
-from stratalog.tiering.batch import (HEADER_SIZE, BatchHeader, decode_records, patch_batch, scan_batches,
-                           set_log_append_time)
+from stratalog.tiering.batch import (HEADER_SIZE, BatchHeader, decode_records, patch_batch,
+                                     scan_batches, set_log_append_time)
 from stratalog.tiering.index import OffsetIndex, TimeIndex
 from stratalog.tiering.objectstore.base import ObjectStore
 from stratalog.tiering.remote import RemoteCache
 from stratalog.tiering.segment import ActiveSegment
 
-from .errors import KafkaError
+from .errors import CorruptLog, NotLeader
 from .producers import BatchMeta, OutOfOrderSequence, ProducerTable
-from .protocol.error_codes import ErrorCode
 
 log = logging.getLogger(__name__)
-
-
-class CorruptLog(Exception):
-    """Committed data could not be read back intact; the partition is not served."""
-
-
-@dataclass(slots=True)
-class Appended:
-    base_offset: int
-    last_offset: int
-    duplicate: bool = False
 
 
 class PartitionLog:
@@ -162,9 +149,8 @@ class PartitionLog:
         except OutOfOrderSequence as e:
             if h.producer_id in self._appended_producers:
                 raise
-            raise KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER,
-                             f"leadership of {self.topic}-{self.partition} was just taken over; "
-                             f"resend the earlier batches first ({e})") from None
+            raise NotLeader(f"leadership of {self.topic}-{self.partition} was just taken over; "
+                            f"resend the earlier batches first ({e})") from None
 
     def append(self, batch: memoryview, h: BatchHeader, *, now_ms: int,
                log_append_time: bool) -> tuple[bytearray, BatchHeader]:

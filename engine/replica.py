@@ -19,10 +19,11 @@ from .partition import read_sealed_log, trim_batches
 
 
 class ReplicaView:
-    def __init__(self, topic: str, topic_id: uuid.UUID, partition: int):
+    def __init__(self, topic: str, topic_id: uuid.UUID, partition: int, leader_epoch: int = -1):
         self.topic = topic
         self.topic_id = topic_id
         self.partition = partition
+        self.leader_epoch = leader_epoch  # the leader's, as the coordinator last said
         self.log_start_offset = 0
         self.high_watermark = 0
         self.sealed: list[SegmentEntry] = []

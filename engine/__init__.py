@@ -1,0 +1,32 @@
+"""The log engine: every partition a gateway leads or replicates, between the Kafka
+protocol (`stratalog.gateway`) and bytes at rest (`stratalog.tiering`) and metadata
+(`stratalog.coordinator`).
+
+Everything goes through one `LogEngine` (engine.py). Its operations:
+
+- ``partition(topic, p, current_leader_epoch, followers=)`` / ``leader(...)``: the one
+  check every request makes; raises `UnknownTopicOrPartition`, `NotLeader`,
+  `FencedLeaderEpoch` or `UnknownLeaderEpoch` (errors.py).
+- ``append(topic, p, records, now_ms=)`` -> `AppendResult`: validate, assign offsets,
+  append locally and queue for the WAL; ``result.commit`` completes when the WAL object
+  holding the batches is committed (acks=all waits for it, nothing longer).
+- ``read(view, offset, max_bytes)``: whole committed batches, never past the high
+  watermark; ``list_offset(log, timestamp)``: earliest, latest, max-timestamp, by time.
+- ``wait_for_data(timeout_s)``: wakes on the next high-watermark advance.
+- ``delete_records``, ``replace_segments`` (compaction swaps), ``drop_partitions`` and
+  ``delete_objects`` (topic deletion).
+- ``take_leadership(assignments)`` / ``follow(assignments)``: lead or replicate exactly
+  these partitions (a new leader recovers the partition from the object store).
+- ``roll_due()`` and ``clean()``: the timers' work (segment.ms, retention, GC).
+
+Inside, each job has its module: `partition` (one led log: offsets, local segments,
+producer state, recovery), `wal_writer` (group commit of all partitions into one WAL
+object), `sealing` (segments to the store, manifests), `cleanup` (retention,
+DeleteRecords, swaps, garbage collection), `leadership` (take/drop/replicas), `replica`
+(a replica's view), `producers` (idempotent producer state).
+"""
+
+from .engine import AppendResult, EngineSettings, LogEngine, PartitionView
+from .leadership import Assignment
+
+__all__ = ["AppendResult", "Assignment", "EngineSettings", "LogEngine", "PartitionView"]

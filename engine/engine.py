@@ -1,0 +1,341 @@
+"""`LogEngine`: the one entry point through which the gateway reads and writes partitions.
+
+See the package docstring (`stratalog.engine`) for the operations and their contracts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Awaitable, Callable
+
+from stratalog.coordinator.model import ClusterStore, SegmentEntry, TopicInfo
+from stratalog.tiering import layout
+from stratalog.tiering.batch import CorruptBatch, decode_records, split_batches
+from stratalog.tiering.objectstore.base import ObjectStore
+from stratalog.tiering.remote import RemoteCache
+
+from .cleanup import Cleaner
+from .errors import (CorruptLog, FencedLeaderEpoch, InvalidRecord, NotLeader, RecordTooLarge,
+                     UnknownLeaderEpoch, UnknownTopicOrPartition)
+from .leadership import Assignment, Leadership
+from .partition import PartitionLog
+from .replica import ReplicaView
+from .sealing import Sealer
+from .wal_writer import WalWriter
+
+REMOTE_CACHE_BYTES = 1024 * 1024 * 1024
+LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
+
+PartitionView = PartitionLog | ReplicaView
+
+
+@dataclass
+class EngineSettings:
+    """The broker-wide settings the engine needs (topic configs come per topic)."""
+
+    wal_flush_ms: int
+    wal_flush_bytes: int
+    upload_slots: int = 4
+    remote_cache_bytes: int = -1  # -1: 1 GiB for s3://, no cache for file://
+    replica_lag_max_ms: int = 30_000
+    producer_id_expiration_ms: int = 86_400_000
+
+    @classmethod
+    def from_config(cls, config) -> "EngineSettings":
+        return cls(wal_flush_ms=config["wal.flush.ms"], wal_flush_bytes=config["wal.flush.bytes"],
+                   upload_slots=config["remote.log.manager.copier.thread.pool.size"],
+                   remote_cache_bytes=config["remote.cache.bytes"],
+                   replica_lag_max_ms=config["replica.lag.time.max.ms"],
+                   producer_id_expiration_ms=config["producer.id.expiration.ms"])
+
+
+@dataclass
+class AppendResult:
+    """What an append did: where its first batch landed, and `commit`, which completes when
+    every batch of it is committed (None when there was nothing new to wait for)."""
+
+    base_offset: int
+    log_start_offset: int
+    bytes: int
+    records: int
+    commit: Awaitable[None] | None
+
+
+def _cache_bytes(size: int, objects: ObjectStore) -> int:
+    if size >= 0:
+        return size
+    # Reads from a file store are local disk reads already: a cache would copy them twice.
+    return 0 if objects.url.startswith("file:") else REMOTE_CACHE_BYTES
+
+
+class LogEngine:
+    """The partitions one gateway leads or replicates, and the background work on them.
+
+    Parameters
+    ----------
+    node_id : this gateway's id (names its WAL objects).
+    data_dir : where local active segments and the read cache live (a cache: losing it
+        loses nothing committed).
+    store, objects : the coordinator and the object store.
+    topic_info : ``name -> TopicInfo | None``, the topics as the gateway last loaded them.
+    topic_config : ``(topic, name) -> value``, a topic's effective config.
+    clock : wall clock in seconds (timestamps, segment.ms, retention).
+    metrics : optional `GatewayMetrics`, told about WAL flushes.
+    """
+
+    def __init__(self, settings: EngineSettings, *, node_id: int, data_dir: Path, store: ClusterStore,
+                 objects: ObjectStore, topic_info: Callable[[str], TopicInfo | None],
+                 topic_config: Callable[[str, str], object], clock: Callable[[], float] = time.time,
+                 metrics=None):
+        self.settings = settings
+        self.node_id = node_id
+        self.data_dir = data_dir
+        self.store = store
+        self.objects = objects
+        self.topic_info = topic_info
+        self.topic_config = topic_config
+        self.clock = clock
+        self.cache = RemoteCache(objects, data_dir / "cache",
+                                 max_bytes=_cache_bytes(settings.remote_cache_bytes, objects))
+        self._hw_event = asyncio.Event()
+        self.wal = WalWriter(node_id, objects, store, flush_ms=settings.wal_flush_ms,
+                             flush_bytes=settings.wal_flush_bytes, on_committed=self._wal_committed,
+                             on_fenced=self._fenced, metrics=metrics)
+        self.sealer = Sealer(objects, store, topic_config=topic_config, now_ms=self.now_ms,
+                             wait_for_data=self.wait_for_data, is_led=self._is_led,
+                             upload_slots=settings.upload_slots)
+        self.leadership = Leadership(data_dir, store, objects, self.cache, self.wal, self.sealer,
+                                     topic_config=topic_config, now_ms=self.now_ms,
+                                     on_led=self._hw_event_fire)
+        self.logs = self.leadership.logs
+        self.cleaner = Cleaner(node_id, self.logs, objects, store, self.sealer, self.wal,
+                               topic_config=topic_config, now_ms=self.now_ms)
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Continue this gateway's WAL sequence and start flushing."""
+        (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
+        await self.wal.start()
+
+    async def collect_orphan_wal_objects(self) -> None:
+        """At start, before the first flush: every uncommitted WAL object of ours is garbage."""
+        await self.cleaner.collect_orphan_wal_objects()
+
+    async def stop(self) -> None:
+        """Flush what is pending, then stop every background task and close the logs."""
+        await self.wal.stop()
+        await self.sealer.stop()
+        await self.cleaner.stop()
+        await self.leadership.stop()
+
+    # ---- leadership --------------------------------------------------------------------
+
+    def take_leadership(self, leading: list[Assignment]) -> list[asyncio.Task]:
+        """Lead exactly these partitions at their epochs, dropping the others now; returns
+        the recoveries of new ones, under way in the background."""
+        return self.leadership.take(leading)
+
+    async def follow(self, replicating: list[Assignment]) -> set[str]:
+        """Tail these partitions as a replica; returns "<topic id>/<partition>" of lagging ones."""
+        return await self.leadership.follow(replicating, self.settings.replica_lag_max_ms / 1000)
+
+    def led(self) -> dict[tuple[str, int], PartitionLog]:
+        """The partitions led now, by (topic, partition)."""
+        return self.logs
+
+    # ---- the one leader check ----------------------------------------------------------
+
+    def partition(self, topic: str, partition: int, current_leader_epoch: int = -1, *,
+                  followers: bool = False) -> PartitionView:
+        """The partition as served here, after the checks every request makes.
+
+        Raises UnknownTopicOrPartition (no such partition), NotLeader (not led here, nor
+        replicated when `followers` allows a replica), FencedLeaderEpoch or
+        UnknownLeaderEpoch (the client's epoch, when it gave one >= 0, differs from ours; a
+        replica compares the leader's epoch).
+        """
+        view: PartitionView | None = self.logs.get((topic, partition))
+        if view is None and followers:
+            view = self.leadership.replicas.get((topic, partition))
+        if view is None:
+            info = self.topic_info(topic)
+            if info is None or not 0 <= partition < info.partitions:
+                raise UnknownTopicOrPartition(f"{topic}-{partition} does not exist")
+            raise NotLeader(f"{topic}-{partition} is not led by gateway {self.node_id}")
+        epoch = view.leader_epoch
+        if current_leader_epoch >= 0 and current_leader_epoch != epoch:
+            if current_leader_epoch < epoch:
+                raise FencedLeaderEpoch(f"{topic}-{partition}: epoch {current_leader_epoch} < {epoch}")
+            raise UnknownLeaderEpoch(f"{topic}-{partition}: epoch {current_leader_epoch} > {epoch}")
+        return view
+
+    def leader(self, topic: str, partition: int, current_leader_epoch: int = -1) -> PartitionLog:
+        """The partition's log, if led here (see `partition` for what it raises)."""
+        view = self.partition(topic, partition, current_leader_epoch)
+        assert isinstance(view, PartitionLog)
+        return view
+
+    def high_watermark(self, topic: str, partition: int) -> int | None:
+        plog = self.logs.get((topic, partition))
+        return None if plog is None else plog.high_watermark
+
+    # ---- write path --------------------------------------------------------------------
+
+    def append(self, topic: str, partition: int, records, *, now_ms: int) -> AppendResult:
+        """Validate and append one partition's record batches (runs without awaiting, so
+        requests on one connection append in order).
+
+        Retried idempotent batches are not appended again: they answer with their original
+        offset and wait for their original commit.
+        """
+        plog = self.leader(topic, partition)
+        batches = self._validate(topic, records)
+        log_append = self.topic_config(topic, "message.timestamp.type") == "LogAppendTime"
+        commit = None
+        base = None
+        for h, view in batches:
+            original = plog.check_duplicate(h)
+            if original is not None:
+                if base is None:
+                    base = original.base_offset
+                commit = self._committed_past(plog, original.last_offset)
+                continue
+            data, stored = plog.append(view, h, now_ms=now_ms, log_append_time=log_append)
+            if base is None:
+                base = stored.base_offset
+            commit = self.wal.add(plog, stored.base_offset, stored.last_offset, stored.max_timestamp, data)
+        self.sealer.maybe_roll(plog)
+        return AppendResult(base, plog.log_start_offset, sum(h.size for h, _ in batches),
+                            sum(h.records_count for h, _ in batches), commit)
+
+    def _validate(self, topic: str, records) -> list:
+        if records is None or len(records) == 0:
+            raise CorruptBatch("no record batches")
+        batches = split_batches(records)
+        max_bytes = self.topic_config(topic, "max.message.bytes")
+        compacted = "compact" in self.topic_config(topic, "cleanup.policy")
+        for h, view in batches:
+            if h.size > max_bytes:
+                raise RecordTooLarge(f"batch of {h.size} bytes exceeds max.message.bytes {max_bytes}")
+            if h.is_transactional or h.is_control:
+                raise InvalidRecord("transactional batches are not supported")
+            if compacted and any(r.key is None for r in decode_records(view)):
+                raise InvalidRecord("compacted topic requires a key on every record")
+        return batches
+
+    async def _committed_past(self, plog: PartitionLog, last_offset: int) -> None:
+        while plog.high_watermark <= last_offset:
+            await self.wait_for_data(1.0)
+
+    def _wal_committed(self, logs: dict, ranges: list) -> None:
+        ends: dict[tuple[uuid.UUID, int], int] = {}
+        for r in ranges:
+            k = (r.topic_id, r.partition)
+            ends[k] = max(ends.get(k, 0), r.last_offset + 1)
+        for k, end in ends.items():
+            plog = logs.get(k)
+            if plog is not None:
+                plog.committed(end)
+        self._hw_event_fire()
+
+    def _fenced(self, keys: list[tuple[uuid.UUID, int]]) -> None:
+        """A flush was fenced: some partition in it has a new leader. Every partition whose
+        batches were in it (or queued behind it) now holds uncommitted batches in its local
+        segment, so all are dropped; the next sync re-takes those still ours, rebuilding
+        them from the object store."""
+        self.leadership.drop_by_id(keys)
+
+    def _is_led(self, plog: PartitionLog) -> bool:
+        return self.logs.get((plog.topic, plog.partition)) is plog
+
+    # ---- read path ---------------------------------------------------------------------
+
+    async def read(self, view: PartitionView, offset: int, max_bytes: int) -> bytes:
+        """Whole committed batches from the one holding `offset`: at least one, then more
+        while they fit in `max_bytes`."""
+        return await view.read(offset, max_bytes, self.cache)
+
+    async def list_offset(self, plog: PartitionLog, timestamp: int) -> tuple[int, int] | None:
+        """(offset, timestamp) for ListOffsets: LATEST (-1) and EARLIEST (-2) with timestamp
+        -1, MAX_TIMESTAMP (-3), or the first record at or after a timestamp; None if none."""
+        if timestamp == LATEST:
+            return plog.high_watermark, -1
+        if timestamp == EARLIEST:
+            return plog.log_start_offset, -1
+        if timestamp == MAX_TIMESTAMP:
+            return await plog.max_timestamp_offset(self.cache)
+        return await plog.offset_for_timestamp(timestamp, self.cache)
+
+    def _hw_event_fire(self) -> None:
+        self._hw_event.set()
+        self._hw_event = asyncio.Event()
+
+    async def wait_for_data(self, timeout_s: float) -> None:
+        """Wake on the next high-watermark advance (fetch long poll), or time out."""
+        ev = self._hw_event
+        try:
+            await asyncio.wait_for(ev.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+
+    # ---- removing data -----------------------------------------------------------------
+
+    async def delete_records(self, topic: str, partition: int, offset: int) -> int:
+        """Move the log start offset (DeleteRecords; -1 means the high watermark); returns it."""
+        try:
+            plog = self.leader(topic, partition)
+        except NotLeader:
+            raise UnknownTopicOrPartition(f"{topic}-{partition} is not led here") from None
+        return await self.cleaner.delete_records(plog, offset)
+
+    async def replace_segments(self, topic: str, partition: int, remove: list[int],
+                               add: list[SegmentEntry], expect_keys: list[str] | None = None) -> None:
+        """Swap sealed segments for their compacted rewrite (see `Cleaner.replace_segments`)."""
+        plog = self.logs.get((topic, partition))
+        if plog is None:
+            raise NotLeader(f"{topic}-{partition} is not led here")
+        await self.cleaner.replace_segments(plog, remove, add, expect_keys)
+
+    def drop_partitions(self, info: TopicInfo) -> None:
+        """Stop serving a topic that is being deleted, and remove its local files."""
+        for p in range(info.partitions):
+            plog = self.leadership.drop((info.name, p), forget=True)
+            if plog is not None:
+                shutil.rmtree(plog.directory, ignore_errors=True)
+
+    async def delete_objects(self, info: TopicInfo) -> None:
+        """Delete a deleted topic's objects (the coordinator no longer names them, so this
+        may trail behind the deletion)."""
+        for prefix in layout.topic_prefixes(info.name, info.topic_id):
+            objs = await self.objects.list(prefix)
+            if objs:
+                await self.objects.delete([o.key for o in objs])
+        self.cache.invalidate(layout.topic_prefixes(info.name, info.topic_id)[0])
+
+    # ---- background work ---------------------------------------------------------------
+
+    def roll_due(self) -> None:
+        """Roll every led partition whose active segment reached segment.bytes or segment.ms."""
+        for plog in list(self.logs.values()):
+            self.sealer.roll_due(plog)
+
+    async def clean(self) -> None:
+        """Retention, WAL and segment garbage collection, idle producer expiry."""
+        await self.cleaner.apply_retention()
+        await self.cleaner.collect_wal_garbage()
+        await self.cleaner.collect_segment_orphans()
+        now_ms = self.now_ms()
+        for plog in self.logs.values():
+            plog.producers.expire(now_ms, self.settings.producer_id_expiration_ms)
+
+
+__all__ = ["AppendResult", "Assignment", "CorruptLog", "EngineSettings", "LogEngine", "PartitionView"]

@@ -1,0 +1,45 @@
+"""What the log engine refuses, as types; `stratalog.gateway.errors` maps each to its Kafka
+error code, so the engine knows nothing of the protocol."""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """A request the engine refuses; the message says why."""
+
+
+class UnknownTopicOrPartition(EngineError):
+    """No such topic, or the topic has fewer partitions."""
+
+
+class NotLeader(EngineError):
+    """This gateway does not lead the partition now (retriable: the client refreshes metadata)."""
+
+
+class FencedLeaderEpoch(EngineError):
+    """The client's leader epoch is older than the partition's."""
+
+
+class UnknownLeaderEpoch(EngineError):
+    """The client's leader epoch is newer than the one this gateway knows."""
+
+
+class OffsetOutOfRange(EngineError):
+    """The offset is outside [log start, high watermark]."""
+
+
+class RecordTooLarge(EngineError):
+    """A batch is larger than the topic's max.message.bytes."""
+
+
+class InvalidRecord(EngineError):
+    """A batch the topic cannot take (a transactional batch, a keyless record on a compacted topic)."""
+
+
+class SwapRefused(EngineError):
+    """A compaction swap that does not fit the log as it is now (segments rewritten since,
+    objects missing, offsets outside the replaced range)."""
+
+
+class CorruptLog(EngineError):
+    """Committed data could not be read back intact; the partition is not served."""

@@ -1,0 +1,155 @@
+"""Topic administration: create, auto-create, delete, configure and grow topics.
+
+Checks come first (names, counts, configs, replication factor against live gateways) and
+answer with the protocol's error; the coordinator then holds the change, and the caller's
+leadership sync makes the new partitions served. Creations and deletions are serialised
+on this gateway; the coordinator refuses a name taken elsewhere meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+from stratalog.coordinator.model import ClusterStore, PartitionState, TopicInfo
+from stratalog.engine import LogEngine
+
+from .cluster import new_topic_assignments
+from .config import TOPIC_CONFIGS, BrokerConfig, ConfigError, parse_value
+from .errors import KafkaError
+from .protocol.error_codes import ErrorCode
+
+TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+
+
+def validate_topic_name(name: str) -> None:
+    if not name or name in (".", "..") or not TOPIC_NAME.match(name):
+        raise KafkaError(ErrorCode.INVALID_TOPIC_EXCEPTION,
+                         f"topic name {name!r} must be 1-249 of [a-zA-Z0-9._-], not . or ..")
+
+
+@dataclass
+class TopicTable:
+    """The topics and partition states as this gateway last loaded them from the coordinator."""
+
+    by_name: dict[str, TopicInfo] = field(default_factory=dict)
+    by_id: dict[uuid.UUID, TopicInfo] = field(default_factory=dict)
+    states: dict[uuid.UUID, dict[int, PartitionState]] = field(default_factory=dict)
+
+    async def load(self, store: ClusterStore) -> None:
+        topics = await store.topics()
+        self.states = await store.all_partition_states()
+        self.by_name = dict(topics)
+        self.by_id = {t.topic_id: t for t in topics.values()}
+
+    def put(self, info: TopicInfo) -> None:
+        self.by_name[info.name] = info
+        self.by_id[info.topic_id] = info
+
+    def remove(self, info: TopicInfo) -> None:
+        self.by_name.pop(info.name, None)
+        self.by_id.pop(info.topic_id, None)
+
+    def state(self, topic: str, partition: int) -> PartitionState | None:
+        info = self.by_name.get(topic)
+        return self.states.get(info.topic_id, {}).get(partition) if info else None
+
+
+class TopicAdmin:
+    """CreateTopics, DeleteTopics, AlterConfigs and CreatePartitions on one gateway."""
+
+    def __init__(self, config: BrokerConfig, store: ClusterStore, topics: TopicTable, engine: LogEngine, *,
+                 live_ids: Callable[[], list[int]], sync: Callable[[], Awaitable[None]]):
+        self.config = config
+        self.store = store
+        self.topics = topics
+        self.engine = engine
+        self.live_ids = live_ids
+        self.sync = sync
+        self._lock = asyncio.Lock()
+
+    def check_topic_configs(self, configs: dict[str, str | None]) -> dict[str, str]:
+        out = {}
+        for k, v in configs.items():
+            if k not in TOPIC_CONFIGS:
+                raise KafkaError(ErrorCode.INVALID_CONFIG, f"unknown topic config {k!r}")
+            if v is None:
+                raise KafkaError(ErrorCode.INVALID_CONFIG, f"topic config {k!r} has no value")
+            try:
+                parse_value(k, v)
+            except ConfigError as e:
+                raise KafkaError(ErrorCode.INVALID_CONFIG, str(e)) from None
+            out[k] = str(v)
+        return out
+
+    async def create_topic(self, name: str, partitions: int, replication_factor: int,
+                           configs: dict[str, str], *, validate_only: bool = False) -> TopicInfo:
+        validate_topic_name(name)
+        if partitions == -1:
+            partitions = self.config["num.partitions"]
+        if replication_factor == -1:
+            replication_factor = self.config["default.replication.factor"]
+        if partitions < 1:
+            raise KafkaError(ErrorCode.INVALID_PARTITIONS, f"partitions must be at least 1, not {partitions}")
+        live = self.live_ids()
+        if replication_factor < 1 or replication_factor > len(live):
+            raise KafkaError(ErrorCode.INVALID_REPLICATION_FACTOR,
+                             f"replication factor {replication_factor} with {len(live)} live gateway(s)")
+        configs = self.check_topic_configs(configs)
+        async with self._lock:
+            if name in self.topics.by_name or await self.store.topic(name) is not None:
+                raise KafkaError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+            if validate_only:
+                return TopicInfo(name, uuid.uuid4(), partitions, replication_factor, configs)
+            assignments = new_topic_assignments(self.live_ids(), range(partitions), replication_factor, name)
+            info = await self.store.create_topic(name, partitions, replication_factor, configs, assignments)
+        await self.sync()
+        return info
+
+    async def ensure_topic(self, name: str) -> TopicInfo | None:
+        """The topic, auto-created when `auto.create.topics.enable` allows."""
+        info = self.topics.by_name.get(name)
+        if info is not None or not self.config["auto.create.topics.enable"]:
+            return info
+        try:
+            return await self.create_topic(name, -1, -1, {})
+        except KafkaError as e:
+            if e.code == ErrorCode.TOPIC_ALREADY_EXISTS:
+                # Created elsewhere since our last sync: it exists, whatever our cache says.
+                return self.topics.by_name.get(name) or await self.store.topic(name)
+            raise
+
+    async def delete_topic(self, name: str) -> None:
+        async with self._lock:
+            info = self.topics.by_name.get(name)
+            if info is None:
+                raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
+            self.engine.drop_partitions(info)
+            self.topics.remove(info)
+            await self.store.delete_topic(name)
+        await self.engine.delete_objects(info)
+
+    async def set_topic_configs(self, name: str, configs: dict[str, str]) -> None:
+        configs = self.check_topic_configs(configs)
+        async with self._lock:
+            if name not in self.topics.by_name:
+                raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
+            self.topics.put(await self.store.set_topic_configs(name, configs))
+
+    async def add_partitions(self, name: str, total: int, *, validate_only: bool = False) -> None:
+        async with self._lock:
+            info = self.topics.by_name.get(name)
+            if info is None:
+                raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
+            if total <= info.partitions:
+                raise KafkaError(ErrorCode.INVALID_PARTITIONS,
+                                 f"topic {name!r} has {info.partitions} partitions; {total} would not add any")
+            if validate_only:
+                return
+            assignments = new_topic_assignments(self.live_ids(), range(info.partitions, total),
+                                                info.replication_factor, name)
+            await self.store.add_partitions(name, total, assignments)
+        await self.sync()
