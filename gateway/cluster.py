@@ -116,6 +116,73 @@ def coordinator_index(key: str, n: int) -> int:
     return zlib.crc32(key.encode()) % n
 
 
+Plan = tuple[TopicInfo, int, "PartitionState | None", PartitionState]
+
+
+def decide_partition(info: TopicInfo, p: int, old: PartitionState | None, live: list[int],
+                     lagging_of: Callable[[int], frozenset[str]]) -> PartitionState:
+    """The state a partition should have with these live gateways: replicas topped up to
+    the replication factor, the ISR without lagging replicas, and a new leader (epoch + 1)
+    only when the old one is dead or no longer a replica. `lagging_of(node)` names the
+    "<topic id>/<partition>" the node reported not caught up on."""
+    rf = min(info.replication_factor, len(live))
+    live_set = set(live)
+    epoch = old.leader_epoch if old else -1
+    replicas = [r for r in (old.replicas if old else ()) if r in live_set]
+    for extra in place_replicas(live, len(live), p + zlib.crc32(info.name.encode())):
+        if len(replicas) >= rf:
+            break
+        if extra not in replicas:
+            replicas.append(extra)
+    # Keep dead replicas listed only while there is nobody to replace them.
+    if old is not None:
+        for r in old.replicas:
+            if r not in live_set and len(replicas) < info.replication_factor:
+                replicas.append(r)
+    key = f"{info.topic_id}/{p}"
+    in_sync = [r for r in replicas if r in live_set and key not in lagging_of(r)]
+    leader = old.leader if old else -1
+    if leader not in live_set or leader not in replicas:
+        candidates = in_sync or [r for r in replicas if r in live_set]
+        leader = candidates[0] if candidates else -1
+    if leader >= 0 and leader not in in_sync:
+        in_sync.insert(0, leader)
+    if old is None or leader != old.leader:
+        epoch += 1
+    replicas = [leader] + [r for r in replicas if r != leader] if leader >= 0 else replicas
+    isr = tuple([leader] + [r for r in in_sync if r != leader]) if leader >= 0 else ()
+    return PartitionState(leader, max(epoch, 0), tuple(replicas), isr)
+
+
+def balance_leaders(plans: list[Plan], leaders: dict[int, int]) -> list[Plan]:
+    """Move at most one leadership per pass from the busiest to the idlest gateway, so a
+    newcomer fills up gradually and clients see one short move at a time. `plans` are
+    (topic, partition, old state, decided state); `leaders` counts decided leaderships per
+    live gateway."""
+    if len(leaders) < 2:
+        return plans
+    busiest = max(leaders, key=lambda b: (leaders[b], b))
+    idlest = min(leaders, key=lambda b: (leaders[b], b))
+    if leaders[busiest] - leaders[idlest] <= 1:
+        return plans
+    out = []
+    moved = False
+    for info, p, old, new in plans:
+        if not moved and new.leader == busiest:
+            replicas = [idlest] + [r for r in new.replicas if r != idlest]
+            replicas = replicas[:max(info.replication_factor, 1)]
+            if busiest not in replicas and len(replicas) < info.replication_factor:
+                replicas.append(busiest)
+            isr = tuple(r for r in (idlest, *new.isr) if r in replicas)
+            # decide_partition already bumped the epoch if it changed the leader itself.
+            bumped = old is None or old.leader != new.leader
+            epoch = new.leader_epoch if bumped else new.leader_epoch + 1
+            new = PartitionState(idlest, epoch, tuple(replicas), tuple(dict.fromkeys(isr)))
+            moved = True
+        out.append((info, p, old, new))
+    return out
+
+
 class Controller:
     """Runs on every gateway; acts only while it holds the controller key."""
 
@@ -140,15 +207,15 @@ class Controller:
         states = await self.store.all_partition_states()
         changed = False
         leaders: dict[int, int] = {b: 0 for b in live}
-        plans: list[tuple[TopicInfo, int, PartitionState, PartitionState]] = []
+        plans: list[Plan] = []
         for info in sorted(topics.values(), key=lambda t: t.name):
             for p in range(info.partitions):
                 old = states.get(info.topic_id, {}).get(p)
-                new = self._decide(info, p, old, live)
+                new = decide_partition(info, p, old, live, self.membership.lagging_of)
                 plans.append((info, p, old, new))
                 if new.leader in leaders:
                     leaders[new.leader] += 1
-        plans = self._balance(plans, leaders)
+        plans = balance_leaders(plans, leaders)
         for info, p, old, new in plans:
             if old is not None and new == old:
                 continue
@@ -163,62 +230,6 @@ class Controller:
         if changed and self.on_change is not None:
             self.on_change()
         return changed
-
-    def _decide(self, info: TopicInfo, p: int, old: PartitionState | None,
-                live: list[int]) -> PartitionState:
-        rf = min(info.replication_factor, len(live))
-        live_set = set(live)
-        epoch = old.leader_epoch if old else -1
-        replicas = [r for r in (old.replicas if old else ()) if r in live_set]
-        for extra in place_replicas(live, len(live), p + zlib.crc32(info.name.encode())):
-            if len(replicas) >= rf:
-                break
-            if extra not in replicas:
-                replicas.append(extra)
-        # Keep dead replicas listed only while there is nobody to replace them.
-        if old is not None:
-            for r in old.replicas:
-                if r not in live_set and len(replicas) < info.replication_factor:
-                    replicas.append(r)
-        key = f"{info.topic_id}/{p}"
-        in_sync = [r for r in replicas if r in live_set and key not in self.membership.lagging_of(r)]
-        leader = old.leader if old else -1
-        if leader not in live_set or leader not in replicas:
-            candidates = in_sync or [r for r in replicas if r in live_set]
-            leader = candidates[0] if candidates else -1
-        if leader >= 0 and leader not in in_sync:
-            in_sync.insert(0, leader)
-        if old is None or leader != old.leader:
-            epoch += 1
-        replicas = [leader] + [r for r in replicas if r != leader] if leader >= 0 else replicas
-        isr = tuple([leader] + [r for r in in_sync if r != leader]) if leader >= 0 else ()
-        return PartitionState(leader, max(epoch, 0), tuple(replicas), isr)
-
-    def _balance(self, plans, leaders: dict[int, int]):
-        """Move at most one leadership per pass from the busiest to the idlest gateway, so a
-        newcomer fills up gradually and clients see one short move at a time."""
-        if len(leaders) < 2:
-            return plans
-        busiest = max(leaders, key=lambda b: (leaders[b], b))
-        idlest = min(leaders, key=lambda b: (leaders[b], b))
-        if leaders[busiest] - leaders[idlest] <= 1:
-            return plans
-        out = []
-        moved = False
-        for info, p, old, new in plans:
-            if not moved and new.leader == busiest:
-                replicas = [idlest] + [r for r in new.replicas if r != idlest]
-                replicas = replicas[:max(info.replication_factor, 1)]
-                if busiest not in replicas and len(replicas) < info.replication_factor:
-                    replicas.append(busiest)
-                isr = tuple(r for r in (idlest, *new.isr) if r in replicas)
-                # _decide already bumped the epoch if it changed the leader itself.
-                bumped = old is None or old.leader != new.leader
-                epoch = new.leader_epoch if bumped else new.leader_epoch + 1
-                new = PartitionState(idlest, epoch, tuple(replicas), tuple(dict.fromkeys(isr)))
-                moved = True
-            out.append((info, p, old, new))
-        return out
 
 
 def new_topic_assignments(live: list[int], partitions: range, replication_factor: int,
