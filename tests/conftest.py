@@ -13,6 +13,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+TIERS = ("unit", "integration", "compat", "chaos")
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """Every test gets one tier: its own mark, else `compat` under tests/compat, else
+    `integration`. The fast tier is `pytest -m unit`."""
+    for item in items:
+        if any(item.get_closest_marker(t) for t in TIERS):
+            continue
+        item.add_marker(pytest.mark.compat if "compat" in item.path.parts else pytest.mark.integration)
 
 
 def free_port() -> int:

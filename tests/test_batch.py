@@ -39,6 +39,8 @@ from stratalog.tiering.batch import (
     split_batches,
 )
 
+pytestmark = pytest.mark.unit
+
 CODECS = [compression.NONE, compression.GZIP, compression.SNAPPY, compression.LZ4, compression.ZSTD]
 
 # One record (key b"k", value b"v", header ("h", None)) written by hand from Kafka's

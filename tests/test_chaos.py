@@ -17,7 +17,7 @@ from s3_fault_proxy import FaultRule
 from stratalog.tiering.batch import scan_batches
 from stratalog.tiering.layout import parse_wal_key
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
 
 def all_lead(bootstrap: str, topic: str, ids=(1, 2, 3)) -> bool:

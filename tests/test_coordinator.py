@@ -59,7 +59,8 @@ class Backend:
         return KVClusterStore(kv or self.kv(clock), cluster=self.cluster)
 
 
-@pytest.fixture(params=["embedded", "etcd"])
+@pytest.fixture(params=[pytest.param("embedded", marks=pytest.mark.unit),
+                        pytest.param("etcd", marks=pytest.mark.integration)])
 def backend(request, tmp_path):
     if request.param == "embedded":
         return Backend("embedded", tmp_path)

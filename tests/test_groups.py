@@ -26,6 +26,8 @@ from stratalog.gateway.protocol.error_codes import ErrorCode as E
 from stratalog.gateway.protocol.schema import Message
 from stratalog.gateway.protocol.wire import DecodeError
 
+pytestmark = pytest.mark.unit
+
 S = GroupState
 
 

@@ -13,6 +13,8 @@ import pytest
 from stratalog.tiering.errors import CorruptObject
 from stratalog.tiering.manifest import Manifest, SegmentRecord, read_manifest, write_manifest
 
+pytestmark = pytest.mark.unit
+
 TOPIC_ID = uuid.UUID("6f1c1c7e-2b7a-4c1e-9d3b-0a5e8c2f4b11")
 SEGMENTS = [
     SegmentRecord(0, 99, "topics/orders-6f1c1c7e-2b7a-4c1e-9d3b-0a5e8c2f4b11/3/00000000000000000000-0-a1", 4096, 1000, 2000, 0),

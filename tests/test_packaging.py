@@ -4,9 +4,13 @@ their bare names."""
 
 from __future__ import annotations
 
+import pytest
+
 import re
 import tomllib
 from pathlib import Path
+
+pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parent.parent
 SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]

@@ -29,6 +29,8 @@ from stratalog.gateway.protocol.frames import (
 from stratalog.gateway.protocol.schema import Field, Message, Schema
 from stratalog.gateway.protocol.wire import DecodeError, Reader, Writer, encode_uvarint, encode_varint
 
+pytestmark = pytest.mark.unit
+
 FIXTURES = Path(__file__).parent / "fixtures" / "frames"
 ALL_VERSIONS = {key: (req.vmin, req.vmax) for key, (_, req, _resp) in APIS.items()}
 ZERO_UUID = uuid.UUID(int=0)

@@ -7,6 +7,8 @@ gateway speaks is covered without a hand-written generator per message.
 
 from __future__ import annotations
 
+import pytest
+
 import struct
 import time
 from functools import lru_cache
@@ -19,6 +21,8 @@ from stratalog.gateway.protocol.catalog import APIS, REQUEST_HEADER, RESPONSE_HE
 from stratalog.gateway.protocol.frames import decode_request, encode_request
 from stratalog.gateway.protocol.schema import Field, Message, Schema
 from stratalog.gateway.protocol.wire import DecodeError, Reader
+
+pytestmark = pytest.mark.unit
 
 SCHEMAS: list[Schema] = [
     REQUEST_HEADER, RESPONSE_HEADER,

@@ -2,7 +2,11 @@
 
 from pathlib import Path
 
+import pytest
+
 from stratalog.gateway.config import BROKER_SETTINGS
+
+pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parent.parent
 

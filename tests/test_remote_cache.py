@@ -12,6 +12,8 @@ import pytest
 from stratalog.tiering.objectstore import ObjectNotFound, open_store
 from stratalog.tiering.remote import RemoteCache
 
+pytestmark = pytest.mark.unit
+
 CHUNK = 1000
 
 

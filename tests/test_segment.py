@@ -19,6 +19,8 @@ from stratalog.tiering.batch import (
 from stratalog.tiering.index import OffsetIndex, TimeIndex
 from stratalog.tiering.segment import ActiveSegment, SealedSegment
 
+pytestmark = pytest.mark.unit
+
 # -- OffsetIndex -----------------------------------------------------------------------------
 
 

@@ -23,6 +23,8 @@ from stratalog.tiering.wal import (
     read_wal,
 )
 
+pytestmark = pytest.mark.unit
+
 T1 = uuid.UUID("00112233-4455-6677-8899-aabbccddeeff")
 T2 = uuid.UUID("ffeeddcc-bbaa-9988-7766-554433221100")
 
