@@ -71,7 +71,6 @@ class WalWriter:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._closing = False
-        self.flushes = 0
         self.last_flush_seconds = 0.0
         self.last_commit_seconds = 0.0
         self.metrics = metrics
@@ -170,7 +169,6 @@ class WalWriter:
             return
         finally:
             self.inflight = None
-        self.flushes += 1
         self.last_commit_seconds = self.clock() - put_done
         self.last_flush_seconds = self.clock() - started
         if self.metrics is not None:

@@ -48,7 +48,6 @@ class Membership:
         self._registered_lagging: set[str] | None = None
         self._lagging_by_broker: dict[int, frozenset[str]] = {}
         self._task: asyncio.Task | None = None
-        self.lost_lease = 0
 
     async def start(self) -> None:
         await self._register()
@@ -73,7 +72,6 @@ class Membership:
                 if not await self.store.keepalive(self.lease):
                     # Our lease ended (we were paused or cut off): partitions we led have
                     # been, or will be, moved with a new epoch; register again as a newcomer.
-                    self.lost_lease += 1
                     log.warning("gateway lease expired; registering again")
                     await self._register()
                 elif self.lagging != self._registered_lagging:

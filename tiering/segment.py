@@ -184,10 +184,6 @@ class ActiveSegment:
         return self._directory / segment_file_name(self._base_offset, ".timeindex")
 
     @property
-    def is_sealed(self) -> bool:
-        return self._sealed is not None
-
-    @property
     def offset_index(self) -> OffsetIndex:
         return self._offset_index
 

@@ -168,9 +168,6 @@ class Group:
             self.leader_id = new_id
         return member
 
-    def has_static(self, group_instance_id: str) -> bool:
-        return group_instance_id in self.static_members
-
     def all_joined(self) -> bool:
         return not self.pending_members and all(m.awaiting_join for m in self.members.values())
 

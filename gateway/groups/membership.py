@@ -62,25 +62,6 @@ class GroupConfig:
     # committed offsets stay in the store regardless.
     empty_group_retention_ms: int = 600_000
 
-    _NAMES = {
-        "group.initial.rebalance.delay.ms": "initial_rebalance_delay_ms",
-        "group.min.session.timeout.ms": "min_session_timeout_ms",
-        "group.max.session.timeout.ms": "max_session_timeout_ms",
-        "group.max.size": "max_group_size",
-        "offset.metadata.max.bytes": "max_metadata_bytes",
-    }
-
-    @classmethod
-    def from_settings(cls, settings: Any) -> "GroupConfig":
-        """Read the Kafka-named settings present in `settings` (anything with `[]`)."""
-        values = {}
-        for kafka_name, attr in cls._NAMES.items():
-            try:
-                values[attr] = settings[kafka_name]
-            except KeyError:
-                continue
-        return cls(**values)
-
 
 @dataclass(frozen=True)
 class JoinResult:
