@@ -28,7 +28,7 @@ import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from stratalog.coordinator.kv import (
     DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, Compare, CoordinatorError, DataDirInUse,
@@ -313,7 +313,7 @@ class EmbeddedKV:
         return await self._write(run)  # type: ignore[return-value]
 
     async def txn(self, compares: list[Compare], success: list[Op],
-                  failure: list[Op] = []) -> bool:
+                  failure: Sequence[Op] = ()) -> bool:
         await self._expire()
         check_txn(compares, success, failure, self.max_txn_ops, self.max_request_bytes)
         outcome: list[bool] = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Sequence
 
 import aetcd
 import grpc
@@ -229,7 +230,7 @@ class EtcdKV:
         raise TypeError(f"not a transaction op: {op!r}")
 
     async def txn(self, compares: list[Compare], success: list[Op],
-                  failure: list[Op] = []) -> bool:
+                  failure: Sequence[Op] = ()) -> bool:
         check_txn(compares, success, failure, self.max_txn_ops, self.max_request_bytes)
         resp = await self._kv("Txn", rpc.TxnRequest(
             compare=[self._compare(c) for c in compares],

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 import asyncio
-from typing import Awaitable, Callable, Literal, Protocol, Union
+from typing import Awaitable, Callable, Literal, Protocol, Sequence, Union
 
 DEFAULT_MAX_TXN_OPS = 128
 DEFAULT_MAX_REQUEST_BYTES = 1536 * 1024
@@ -174,7 +174,7 @@ class KV(Protocol):
         """Remove every key starting with prefix; returns how many."""
 
     async def txn(self, compares: list[Compare], success: list[Op],
-                  failure: list[Op] = []) -> bool:
+                  failure: Sequence[Op] = ()) -> bool:
         """Atomically apply success ops if every compare holds, else failure ops; True on
         success."""
 

@@ -262,7 +262,7 @@ class Broker:
 
     def under_replicated_count(self) -> int:
         count = 0
-        for (topic, p), plog in self.engine.led().items():
+        for (_topic, p), plog in self.engine.led().items():
             st = self.table.states.get(plog.topic_id, {}).get(p)
             if st is not None and len(st.isr) < len(st.replicas):
                 count += 1

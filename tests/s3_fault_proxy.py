@@ -298,7 +298,7 @@ class FaultProxy:
         if action == "lost_reply":
             return
         resp_head, _, resp_body = response.partition(b"\r\n\r\n")
-        kept = [l for l in resp_head.split(b"\r\n") if not l.lower().startswith(b"connection:")]
+        kept = [line for line in resp_head.split(b"\r\n") if not line.lower().startswith(b"connection:")]
         writer.write(b"\r\n".join([*kept, b"Connection: close"]) + b"\r\n\r\n" + resp_body)
         await writer.drain()
 
@@ -306,8 +306,8 @@ class FaultProxy:
         up_reader, up_writer = await asyncio.wait_for(
             asyncio.open_connection(*self.upstream), self._connect_timeout)
         try:
-            kept = [l for l in header_lines
-                    if l.split(":")[0].strip().lower() not in ("connection", "expect")]
+            kept = [line for line in header_lines
+                    if line.split(":")[0].strip().lower() not in ("connection", "expect")]
             up_writer.write(("\r\n".join([request_line, *kept, "Connection: close"])
                              + "\r\n\r\n").encode("latin-1") + body)
             await up_writer.drain()

@@ -621,7 +621,7 @@ def test_batches_written_by_librdkafka_decode_and_rebuild_exactly(broker):
 
     create_topics(broker, [f"capture-{name}" for name in CODEC_NAMES.values()])
     sent = {}
-    for codec, name in CODEC_NAMES.items():
+    for name in CODEC_NAMES.values():
         topic = f"capture-{name}"
         producer = Producer({"bootstrap.servers": f"127.0.0.1:{broker.port}",
                              "compression.type": name, "linger.ms": 100,
@@ -694,7 +694,7 @@ def test_librdkafka_consumes_batches_we_built(broker):
             error_at = 4 + 4 + 2 + len(topic) + 4 + 4
             assert struct.unpack_from(">h", response, error_at) == (0,)
 
-    for codec, topic in topics.items():
+    for topic in topics.values():
         consumer = Consumer({"bootstrap.servers": f"127.0.0.1:{broker.port}",
                              "group.id": "unused", "enable.auto.commit": False})
         consumer.assign([TopicPartition(topic, 0, 0)])

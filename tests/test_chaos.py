@@ -258,7 +258,7 @@ def test_paused_gateway_is_fenced_and_rejoins(etcd, moto_s3, fault_proxy, gatewa
         held_seq = parse_wal_key(held_key).sequence
         zombie.proc.send_signal(signal.SIGSTOP)
         try:
-            wait_for(lambda: (lambda l: l if l and all(l[p] not in (2, -1) for p in led)
+            wait_for(lambda: (lambda m: m if m and all(m[p] not in (2, -1) for p in led)
                                       else None)(try_leaders(gws[0].bootstrap, topic)),
                              what="the controller to move gateway 2's partitions")
             moved_at = time.monotonic()
@@ -278,7 +278,7 @@ def test_paused_gateway_is_fenced_and_rejoins(etcd, moto_s3, fault_proxy, gatewa
         assert zombie.proc.poll() is None, zombie.log_tail()
         # It rejoins as a healthy member: it leads partitions again and they take writes.
         wait_for(lambda: all_lead(bootstrap, topic), timeout=60, what="gateway 2 to lead again")
-        back = {p for p, l in leaders(bootstrap, topic).items() if l == 2}
+        back = {p for p, leader in leaders(bootstrap, topic).items() if leader == 2}
         back_at = time.monotonic()
         wait_for(lambda: {a.partition for a in acks_between([producer], back_at, 1e18)} >= back,
                  timeout=60, what="gateway 2 to acknowledge records again")

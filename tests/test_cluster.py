@@ -31,7 +31,7 @@ def test_leaders_spread_and_fail_over(gateway_factory, etcd, tmp_path):
             gws[1].kill9()  # broker 2 dies; its partitions must move
     assert p.flush(60) == 0
     assert len(acked) == 600
-    after = wait_for(lambda: (lambda l: l if 2 not in l.values() and -1 not in l.values() else None)(
+    after = wait_for(lambda: (lambda m: m if 2 not in m.values() and -1 not in m.values() else None)(
         leaders(gws[0].bootstrap, topic)), what="leadership to leave the dead gateway")
     assert set(after.values()) <= {1, 3}
 

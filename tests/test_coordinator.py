@@ -484,7 +484,7 @@ class InterleavingKV:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    async def txn(self, compares, success, failure=[]):
+    async def txn(self, compares, success, failure=()):
         self.txns.append(success)
         if self.action is not None and self.when(self.txns):
             action, self.action = self.action, None

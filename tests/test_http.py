@@ -23,7 +23,7 @@ def test_health_ready_and_metrics(gateway):
     assert status == 200 and '"ready": true' in body
     topic = f"metrics-{uuid.uuid4().hex[:6]}"
     p = Producer({"bootstrap.servers": gateway.bootstrap, "acks": "all"})
-    for i in range(10):
+    for _ in range(10):
         p.produce(topic, value=b"x" * 100)
     assert p.flush(20) == 0
     _, text = _get(gateway.http_url + "/metrics")

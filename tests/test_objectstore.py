@@ -435,7 +435,7 @@ class FaultProxy:
         if headers.get("expect", "").lower() == "100-continue":
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         body = await reader.readexactly(int(headers.get("content-length", "0")))
-        kept = [l for l in header_lines if l.split(":")[0].strip().lower() not in ("connection", "expect")]
+        kept = [line for line in header_lines if line.split(":")[0].strip().lower() not in ("connection", "expect")]
         upstream_reader, upstream_writer = await asyncio.open_connection(*self.upstream)
         upstream_writer.write(("\r\n".join([request_line, *kept, "Connection: close"]) + "\r\n\r\n").encode("latin-1") + body)
         await upstream_writer.drain()
@@ -443,7 +443,7 @@ class FaultProxy:
         upstream_writer.close()
         head, _, body = response.partition(b"\r\n\r\n")
         # Tell the client not to reuse the connection, since the proxy closes it.
-        head_lines = [l for l in head.split(b"\r\n") if not l.lower().startswith(b"connection:")]
+        head_lines = [line for line in head.split(b"\r\n") if not line.lower().startswith(b"connection:")]
         if action == "truncate":
             body = body[: len(body) // 2]
         writer.write(b"\r\n".join([*head_lines, b"Connection: close"]) + b"\r\n\r\n" + body)

@@ -27,10 +27,10 @@ import threading
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
 from stratalog.gateway.protocol.catalog import APIS
 from stratalog.gateway.protocol.frames import decode_request, encode_response, peek_header
+
+ROOT = Path(__file__).resolve().parent.parent
 
 CLIENT_ID = "stratalog-capture"
 TOPIC = "capture"

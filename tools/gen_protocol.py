@@ -174,7 +174,7 @@ def generate_errors(src: Path) -> str:
     for code, name in rows:
         out.append(f"    {name} = {code}\n")
     out.append("\n\nRETRIABLE = frozenset({\n")
-    for code, name in rows:
+    for _code, name in rows:
         if name in RETRIABLE:
             out.append(f"    ErrorCode.{name},\n")
     out.append("})\n")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 
 from stratalog.gateway.config import BROKER_SETTINGS, TOPIC_CONFIGS

@@ -59,7 +59,7 @@ async def create_topics(ctx: RequestContext, req):
 
 def _topic_values(broker, overrides: dict) -> dict:
     values = broker.config.topic_defaults()
-    for k, v in overrides.items():
+    for k in overrides:
         values[k] = broker.config.topic_config(overrides, k)
     return values
 
