@@ -161,6 +161,9 @@ class ClusterStore(Protocol):
         """(object key, range) of committed WAL ranges of a partition that end at or after
         from_offset, in offset order."""
 
+    async def obsolete_wal_objects(self) -> list[WalObject]:
+        """WAL objects whose every range is sealed, deleted or below its log start."""
+
     async def delete_wal_objects(self, keys: list[tuple[int, int]]) -> None:
         """Forget WAL objects by (gateway id, sequence) once their ranges are obsolete."""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable
+from typing import Any, Callable
 
 from stratalog.coordinator.model import ClusterStore, SegmentEntry
 from stratalog.tiering import layout
@@ -41,7 +41,7 @@ class Cleaner:
 
     def __init__(self, node_id: int, logs: dict[tuple[str, int], PartitionLog], objects: ObjectStore,
                  store: ClusterStore, sealer: Sealer, wal: WalWriter, *,
-                 topic_config: Callable[[str, str], object], now_ms: Callable[[], int],
+                 topic_config: Callable[[str, str], Any], now_ms: Callable[[], int],
                  swap_grace_s: float = SWAPPED_OBJECT_GRACE_S):
         self.node_id = node_id
         self.logs = logs

@@ -11,7 +11,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from stratalog.coordinator.model import ClusterStore, SegmentEntry, TopicInfo
 from stratalog.tiering import layout
@@ -90,7 +90,7 @@ class LogEngine:
 
     def __init__(self, settings: EngineSettings, *, node_id: int, data_dir: Path, store: ClusterStore,
                  objects: ObjectStore, topic_info: Callable[[str], TopicInfo | None],
-                 topic_config: Callable[[str, str], object], clock: Callable[[], float] = time.time,
+                 topic_config: Callable[[str, str], Any], clock: Callable[[], float] = time.time,
                  metrics=None):
         self.settings = settings
         self.node_id = node_id
@@ -200,17 +200,17 @@ class LogEngine:
         plog = self.leader(topic, partition)
         batches = self._validate(topic, records)
         log_append = self.topic_config(topic, "message.timestamp.type") == "LogAppendTime"
-        commit = None
-        base = None
+        commit: Awaitable[None] | None = None
+        base = -1
         for h, view in batches:
             original = plog.check_duplicate(h)
             if original is not None:
-                if base is None:
+                if base < 0:
                     base = original.base_offset
                 commit = self._committed_past(plog, original.last_offset)
                 continue
             data, stored = plog.append(view, h, now_ms=now_ms, log_append_time=log_append)
-            if base is None:
+            if base < 0:
                 base = stored.base_offset
             commit = self.wal.add(plog, stored.base_offset, stored.last_offset, stored.max_timestamp, data)
         self.sealer.maybe_roll(plog)

@@ -16,7 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from stratalog.coordinator.model import ClusterStore
 from stratalog.tiering.objectstore.base import ObjectStore
@@ -46,7 +46,7 @@ class Leadership:
     """The led partitions (`logs`) and the replicated ones (`replicas`) of one gateway."""
 
     def __init__(self, data_dir: Path, store: ClusterStore, objects: ObjectStore, cache: RemoteCache,
-                 wal: WalWriter, sealer: Sealer, *, topic_config: Callable[[str, str], object],
+                 wal: WalWriter, sealer: Sealer, *, topic_config: Callable[[str, str], Any],
                  now_ms: Callable[[], int], on_led: Callable[[], None],
                  monotonic: Callable[[], float] = time.monotonic):
         self.logs_dir = data_dir / "logs"

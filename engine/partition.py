@@ -45,7 +45,9 @@ class PartitionLog:
         self.next_offset = 0
         self.sealed: list[SegmentEntry] = []
         self.rolled: list[ActiveSegment] = []  # sealed locally, waiting to be uploaded
-        self.active: ActiveSegment | None = None
+        self.active: ActiveSegment  # set by recover(), before the log is used
+        # Producer state as each rolled segment ended, committed with its segment entry.
+        self.producer_snapshots: dict[int, dict] = {}
         self.producers = ProducerTable()
         self._appended_producers: set[int] = set()  # producer ids appended to since recovery
         # (leader epoch, first offset) in offset order, for OffsetForLeaderEpoch
@@ -178,18 +180,21 @@ class PartitionLog:
             self.high_watermark = end_offset
 
     def roll(self, now_ms: int) -> ActiveSegment | None:
-        """Start a new active segment; the old one waits in `rolled` for upload."""
+        """Start a new active segment; the old one waits in `rolled` for upload, with the
+        producer state as it ended (recovery restores it from the newest sealed segment)."""
         old = self.active
-        if old is None or old.size == 0:
+        if old.size == 0:
             return None
         self.active = ActiveSegment.create(self.directory, self.next_offset,
                                            index_interval_bytes=self.index_interval_bytes, now_ms=now_ms)
         self.rolled.append(old)
+        self.producer_snapshots[old.base_offset] = self.producers.snapshot()
         return old
 
     def segment_uploaded(self, seg: ActiveSegment, entry: SegmentEntry) -> None:
         self.sealed.append(entry)
         self.rolled.remove(seg)
+        self.producer_snapshots.pop(seg.base_offset, None)
         seg.delete()
 
     # ---- read path ---------------------------------------------------------------------
@@ -228,9 +233,9 @@ class PartitionLog:
         for seg in (*self.rolled, self.active):
             if seg is None or seg.size == 0 or seg.max_timestamp < ts:
                 continue
-            start = seg.offset_for_timestamp(ts)
-            if start is not None:
-                found = await self._first_at_or_after(max(start, self.log_start_offset), ts, cache,
+            seg_start = seg.offset_for_timestamp(ts)
+            if seg_start is not None:
+                found = await self._first_at_or_after(max(seg_start, self.log_start_offset), ts, cache,
                                                       self.high_watermark)
                 if found is not None:
                     return found

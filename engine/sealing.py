@@ -15,7 +15,7 @@ import asyncio
 import logging
 import uuid
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from stratalog.coordinator.model import ClusterStore, Fenced, SegmentEntry
 from stratalog.tiering import layout
@@ -44,7 +44,7 @@ class Sealer:
     """
 
     def __init__(self, objects: ObjectStore, store: ClusterStore, *,
-                 topic_config: Callable[[str, str], object], now_ms: Callable[[], int],
+                 topic_config: Callable[[str, str], Any], now_ms: Callable[[], int],
                  wait_for_data: Callable[[float], Awaitable[None]],
                  is_led: Callable[[PartitionLog], bool], upload_slots: int):
         self.objects = objects
@@ -73,10 +73,8 @@ class Sealer:
             self.maybe_roll(plog)
 
     def roll(self, plog: PartitionLog) -> None:
-        seg = plog.roll(self.now_ms())
-        if seg is None:
+        if plog.roll(self.now_ms()) is None:
             return
-        seg.producer_snapshot = plog.producers.snapshot()
         key = (plog.topic, plog.partition)
         if key not in self.uploading or self.uploading[key].done():
             self.uploading[key] = asyncio.create_task(self._upload_rolled(plog), name=f"seal-{key}")
@@ -131,7 +129,7 @@ class Sealer:
                 await self.objects.put(key_base + layout.TIMEINDEX, sealed.timeindex_bytes)
             entry = SegmentEntry(sealed.base_offset, sealed.last_offset, key_base, sealed.size,
                                  sealed.min_timestamp, sealed.max_timestamp, plog.leader_epoch,
-                                 getattr(seg, "producer_snapshot", {}))
+                                 plog.producer_snapshots.get(seg.base_offset, {}))
             await self.store.commit_segment(plog.topic_id, plog.partition, entry, plog.leader_epoch)
         finally:
             self.uploading_bases.discard(key_base)
