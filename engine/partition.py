@@ -46,6 +46,10 @@ class PartitionLog:
         self.sealed: list[SegmentEntry] = []
         self.rolled: list[ActiveSegment] = []  # sealed locally, waiting to be uploaded
         self.active: ActiveSegment | None = None
+        # When the active segment got its first batch: segment.ms counts from there, not
+        # from when the (possibly long idle) empty segment was opened. Replayed batches
+        # count from the recovery, which is when this log first held them.
+        self.active_since_ms = now_ms
         self.producers = ProducerTable()
         self._appended_producers: set[int] = set()  # producer ids appended to since recovery
         # (leader epoch, first offset) in offset order, for OffsetForLeaderEpoch
@@ -160,6 +164,8 @@ class PartitionLog:
         """
         data = bytearray(batch)
         base = self.next_offset
+        if self.active.size == 0:
+            self.active_since_ms = now_ms
         patch_batch(data, 0, base, self.leader_epoch)
         if log_append_time:
             set_log_append_time(data, 0, now_ms)

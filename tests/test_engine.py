@@ -210,6 +210,12 @@ def test_segment_ms_seals_the_active_segment(backends):
         await h.lead(engine)
         plog = engine.leader("roll", 0)
 
+        # An idle partition does not roll however long it stays empty, and segment.ms
+        # counts from the first record, not from when the empty segment was opened.
+        h.clock.advance(120_000)
+        engine.roll_due()
+        assert not plog.rolled
+
         ts = h.clock.ms
         sent = [batch(2, ts=ts, tag=f"b{i}") for i in range(3)]
         for data in sent:
