@@ -102,8 +102,10 @@ class PartitionLog:
             for pos, h in batches:
                 if h.last_offset < p.next_offset:
                     continue  # sealed already, or below the log start
-                if h.base_offset > p.next_offset and p.active.size == 0:
-                    # Retention or DeleteRecords left a gap before the first replayed batch.
+                if h.base_offset != p.next_offset and p.active.size == 0:
+                    # The first replayed batch need not start where the log does:
+                    # retention or DeleteRecords may have left a gap before it, or
+                    # DeleteRecords put the log start inside it (whole batches are kept).
                     p.active.delete()
                     p.active = ActiveSegment.create(directory, h.base_offset,
                                                     index_interval_bytes=index_interval_bytes,

@@ -541,6 +541,35 @@ def test_recovery_from_sealed_segments_and_wal_ranges(backends):
     run(backends, body)
 
 
+def test_recovery_with_the_log_start_inside_a_batch(backends):
+    """DeleteRecords may put the log start inside a batch held only in WAL objects: a new
+    leader serves that batch whole, as the old one did, and seals it with the rest."""
+
+    async def body(h):
+        await h.create_topic("mid", 1, {"segment.ms": "1000"})
+        engine = await h.start_engine()
+        await h.lead(engine)
+        sent = []
+        for i in range(3):
+            data = batch(3, ts=h.clock.ms, tag=f"m{i}")
+            sent.append(((await send(engine, "mid", 0, data, h.clock.ms)).base_offset, data))
+        assert await engine.delete_records("mid", 0, 4) == 4
+        before = await read_all(engine, "mid", 0)
+        assert records_of(before) == expected_records(sent[1:])
+
+        engine = await fail_over(h, engine)
+        plog = engine.leader("mid", 0)
+        assert (plog.log_start_offset, plog.high_watermark) == (4, 9)
+        assert await read_all(engine, "mid", 0) == before
+        h.clock.advance(1000)
+        engine.roll_due()
+        [seg] = await sealed_segments(h, engine, "mid", 0, 1)
+        assert (seg.base_offset, seg.last_offset) == (3, 8)
+        assert await read_all(engine, "mid", 0) == before
+
+    run(backends, body)
+
+
 @pytest.mark.parametrize("state_from", ["snapshot", "wal"])
 def test_idempotent_producer_state_survives_recovery(backends, state_from):
     """After recovery, from the newest segment's producer snapshot or by replaying WAL
