@@ -23,25 +23,23 @@ from stratalog.gateway.config import BrokerConfig
 from stratalog.tiering.batch import BatchHeader, Record, build_batch, decode_records, scan_batches
 from stratalog.tiering.objectstore import ObjectNotFound, ObjectStore, open_store
 
-WALL_START = 1_700_000_000.0
+WALL_START_MS = 1_700_000_000_000
 TIMEOUT_S = 30.0  # generous: only ever reached when something is broken
 
 
 class FakeClock:
-    """The engine's wall clock (seconds): timestamps, segment.ms, retention."""
+    """The engine's wall clock: timestamps, segment.ms, retention. Kept in whole
+    milliseconds, so advancing it never accumulates float error."""
 
-    def __init__(self, start: float = WALL_START):
-        self.now = start
+    def __init__(self, start_ms: int = WALL_START_MS):
+        self.ms = start_ms
 
     def __call__(self) -> float:
-        return self.now
+        # Seconds at the middle of the millisecond: int(seconds * 1000) is exactly self.ms.
+        return (self.ms + 0.5) / 1000
 
-    @property
-    def ms(self) -> int:
-        return int(self.now * 1000)
-
-    def advance(self, ms: float) -> None:
-        self.now += ms / 1000.0
+    def advance(self, ms: int) -> None:
+        self.ms += ms
 
 
 class Backends:

@@ -29,12 +29,12 @@ from stratalog.tiering.batch import build_batch
 from stratalog.tiering.manifest import read_manifest
 
 try:
-    from tests.engine_harness import (TIMEOUT_S, Backends, HeldUploads, assert_stored, batch,
-                                      batches_of, committed, eventually, read_all, records_of, run)
+    from tests.engine_harness import (TIMEOUT_S, WALL_START_MS, Backends, HeldUploads, assert_stored,
+                                      batch, committed, eventually, read_all, records_of, run)
     from tests.etcd_fixture import etcd_server  # noqa: F401  (fixture)
 except ImportError:  # tests/ is not a package: pytest put it on sys.path
-    from engine_harness import (TIMEOUT_S, Backends, HeldUploads, assert_stored, batch,  # type: ignore
-                                batches_of, committed, eventually, read_all, records_of, run)
+    from engine_harness import (TIMEOUT_S, WALL_START_MS, Backends, HeldUploads,  # type: ignore
+                                assert_stored, batch, committed, eventually, read_all, records_of, run)
     from etcd_fixture import etcd_server  # type: ignore  # noqa: F401
 
 SEGMENT_EXTENSIONS = (layout.LOG, layout.INDEX, layout.TIMEINDEX)
@@ -299,7 +299,7 @@ def test_retention_ms_deletes_old_segments(backends):
         assert (a.max_timestamp, b.max_timestamp, c.max_timestamp) == (t0, t0 + 30_000, t0 + 60_000)
         plog = engine.leader("ret-time", 0)
 
-        h.clock.now = (t0 + 60_000) / 1000  # a is exactly retention.ms old: kept
+        h.clock.ms = t0 + 60_000  # a is exactly retention.ms old: kept
         await engine.clean()
         assert plog.log_start_offset == 0 and len(await h.store.segments(info.topic_id, 0)) == 3
 
@@ -523,6 +523,9 @@ def test_recovery_from_sealed_segments_and_wal_ranges(backends):
         assert state == (3, 14)
         assert records_of(before) == expected_records(sent[1:])
         assert len(await h.store.wal_ranges(info.topic_id, 0, 0)) >= 1
+        stamps = sorted({r[1] for r in records_of(before)})
+        probes = [-3, stamps[0] - 1, *stamps, stamps[-1] + 1]
+        by_time = [await engine.list_offset(plog, ts) for ts in probes]
 
         engine = await fail_over(h, engine)
         plog = engine.leader("recover", 0)
@@ -531,6 +534,7 @@ def test_recovery_from_sealed_segments_and_wal_ranges(backends):
         assert await read_all(engine, "recover", 0) == before
         assert await engine.list_offset(plog, -2) == (3, -1)
         assert await engine.list_offset(plog, -1) == (14, -1)
+        assert [await engine.list_offset(plog, ts) for ts in probes] == by_time
 
         # The log goes on at the new epoch.
         more = batch(2, ts=h.clock.ms, tag="g")
@@ -577,7 +581,7 @@ def test_idempotent_producer_state_survives_recovery(backends, state_from):
     pid, pepoch = 4242, 3
 
     def produced(seq: int, n: int = 2, tag: str = "p") -> bytes:
-        return batch(n, ts=1_700_000_000_000 + seq, tag=f"{tag}{seq}", producer=(pid, pepoch), sequence=seq)
+        return batch(n, ts=WALL_START_MS + seq, tag=f"{tag}{seq}", producer=(pid, pepoch), sequence=seq)
 
     async def body(h):
         info = await h.create_topic("idem", 1, {"segment.ms": "1000"})
