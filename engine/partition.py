@@ -123,8 +123,11 @@ class PartitionLog:
     def _replayed(self, h: BatchHeader) -> None:
         self._note_epoch(h.partition_leader_epoch, h.base_offset)
         if h.producer_id >= 0 and not h.is_control:
+            # Stamped with the recovery time, not the records' timestamps: like an append
+            # (and the segment snapshots), the table notes when a leader last heard from
+            # the producer, which idle expiry counts from. Records may carry any CreateTime.
             self.producers.record(h.producer_id, h.producer_epoch, h.base_sequence,
-                                  h.last_offset_delta + 1, h.base_offset, h.last_offset, h.max_timestamp)
+                                  h.last_offset_delta + 1, h.base_offset, h.last_offset, self.now_ms)
 
     def _note_epoch(self, epoch: int, offset: int) -> None:
         if epoch < 0:

@@ -579,9 +579,12 @@ def test_idempotent_producer_state_survives_recovery(backends, state_from):
     """After recovery, from the newest segment's producer snapshot or by replaying WAL
     ranges, a retried batch is answered with its original offset and not appended again."""
     pid, pepoch = 4242, 3
+    # The records carry old CreateTime timestamps (events produced with their original
+    # time): an idle producer expires by when the leader last heard from it, not by those.
+    created = WALL_START_MS - 3 * 86_400_000
 
     def produced(seq: int, n: int = 2, tag: str = "p") -> bytes:
-        return batch(n, ts=WALL_START_MS + seq, tag=f"{tag}{seq}", producer=(pid, pepoch), sequence=seq)
+        return batch(n, ts=created + seq, tag=f"{tag}{seq}", producer=(pid, pepoch), sequence=seq)
 
     async def body(h):
         info = await h.create_topic("idem", 1, {"segment.ms": "1000"})
@@ -603,6 +606,8 @@ def test_idempotent_producer_state_survives_recovery(backends, state_from):
         engine = await fail_over(h, engine)
         plog = engine.leader("idem", 0)
         assert (plog.high_watermark, plog.next_offset) == (6, 6)
+        h.clock.advance(60_000)
+        await engine.clean()  # a maintenance pass, which expires idle producers
 
         # Retries whose answers were lost: the original offsets, nothing appended.
         for original, data in ((4, sent[2]), (0, sent[0])):
