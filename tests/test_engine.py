@@ -166,13 +166,16 @@ def test_fenced_flush_drops_its_partitions_and_its_object(backends):
 
     async def body(h):
         info = await h.create_topic("fenced", 2)
-        a, b = batch(2, ts=h.clock.ms, tag="a"), batch(2, ts=h.clock.ms, tag="b")
+        a = batch(2, ts=h.clock.ms, tag="a", producer=(77, 0), sequence=0)
+        b = batch(2, ts=h.clock.ms, tag="b")
         engine = await h.start_engine(wal_flush_bytes=len(a) + 1)
         await h.lead(engine)
         await h.move_leadership("fenced", 0, leader=2)
 
         results = [engine.append("fenced", 0, a, now_ms=h.clock.ms),
+                   engine.append("fenced", 0, a, now_ms=h.clock.ms),  # a retry: waits for the first
                    engine.append("fenced", 1, b, now_ms=h.clock.ms)]
+        assert [r.base_offset for r in results] == [0, 0, 0]
         for r in results:
             with pytest.raises(WalCommitFailed) as failed:
                 await asyncio.wait_for(r.commit, TIMEOUT_S)
@@ -190,7 +193,7 @@ def test_fenced_flush_drops_its_partitions_and_its_object(backends):
         assert set(engine.led()) == {("fenced", 1)}
         p1 = engine.leader("fenced", 1)
         assert (p1.high_watermark, p1.next_offset) == (0, 0)
-        big = batch(4, ts=h.clock.ms, tag="c")
+        big = batch(2, ts=h.clock.ms, tag="c", value_size=2 * len(a))  # over wal_flush_bytes alone
         assert (await send(engine, "fenced", 1, big, h.clock.ms)).base_offset == 0
         assert_stored(big, await read_all(engine, "fenced", 1), base_offset=0, leader_epoch=0)
 
