@@ -27,6 +27,7 @@ from stratalog.gateway.protocol.error_codes import ErrorCode
 from stratalog.tiering import layout
 from stratalog.tiering.batch import build_batch
 from stratalog.tiering.manifest import read_manifest
+from stratalog.tiering.objectstore import ObjectNotFound
 
 try:
     from tests.engine_harness import (TIMEOUT_S, WALL_START_MS, Backends, HeldUploads, assert_stored,
@@ -80,16 +81,28 @@ def backends(request, tmp_path, monkeypatch) -> Backends:
 # --- helpers ----------------------------------------------------------------------------
 
 async def sealed_segments(h, engine, topic: str, partition: int, count: int):
-    """Wait until `count` segments are committed and nothing rolled is left to upload."""
+    """Wait until `count` segments are committed, nothing rolled is left to upload and the
+    newest manifest lists them (the last step of sealing)."""
     plog = engine.leader(topic, partition)
 
     async def done():
         segs = await h.store.segments(plog.topic_id, partition)
-        return segs if len(segs) >= count and not plog.rolled else None
+        if len(segs) < count or plog.rolled:
+            return None
+        listed = await newest_manifest(h, topic, plog.topic_id, partition)
+        return segs if listed and [s.key_base for s in listed.segments] == [s.key_base for s in segs] else None
 
     segs = await eventually(done, f"{count} sealed segment(s) of {topic}-{partition}")
     assert len(segs) == count
     return segs
+
+
+async def newest_manifest(h, topic: str, topic_id, partition: int):
+    keys = await h.keys(layout.partition_manifest_prefix(topic, topic_id, partition))
+    try:
+        return read_manifest(await h.objects.get(keys[-1])) if keys else None
+    except ObjectNotFound:  # replaced by a newer one since the listing
+        return None
 
 
 async def send(engine, topic: str, partition: int, data: bytes, now_ms: int):
@@ -239,9 +252,8 @@ def test_segment_ms_seals_the_active_segment(backends):
         for ext in SEGMENT_EXTENSIONS:
             assert await h.exists(entry.key_base + ext)
         assert await h.objects.get(entry.key_base + layout.LOG) == stored
-        manifests = await h.keys(layout.partition_manifest_prefix("roll", info.topic_id, 0))
-        assert manifests
-        manifest = read_manifest(await h.objects.get(manifests[-1]))
+        manifest = await newest_manifest(h, "roll", info.topic_id, 0)
+        assert (manifest.log_start_offset, manifest.version) == (0, 1)
         assert [(s.base_offset, s.last_offset, s.key_base) for s in manifest.segments] == \
             [(0, 5, entry.key_base)]
         assert await h.store.wal_ranges(info.topic_id, 0, 0) == []
