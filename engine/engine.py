@@ -26,7 +26,7 @@ from .leadership import Assignment, Leadership
 from .partition import PartitionLog
 from .replica import ReplicaView
 from .sealing import Sealer
-from .wal_writer import WalWriter
+from .wal_writer import WalCommitFailed, WalWriter
 
 REMOTE_CACHE_BYTES = 1024 * 1024 * 1024
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
@@ -233,7 +233,12 @@ class LogEngine:
         return batches
 
     async def _committed_past(self, plog: PartitionLog, last_offset: int) -> None:
+        """A retried batch's commit: done when the original is committed, failed when the
+        partition was dropped first (the original's flush was fenced)."""
         while plog.high_watermark <= last_offset:
+            if not self._is_led(plog):
+                raise WalCommitFailed(f"{plog.topic}-{plog.partition}: leadership moved before "
+                                      "the original batch was committed")
             await self.wait_for_data(1.0)
 
     def _wal_committed(self, logs: dict, ranges: list) -> None:
@@ -253,6 +258,7 @@ class LogEngine:
         segment, so all are dropped; the next sync re-takes those still ours, rebuilding
         them from the object store."""
         self.leadership.drop_by_id(keys)
+        self._hw_event_fire()  # retried batches waiting on a dropped partition fail now
 
     def _is_led(self, plog: PartitionLog) -> bool:
         return self.logs.get((plog.topic, plog.partition)) is plog

@@ -48,6 +48,10 @@ class PartitionLog:
         self.active: ActiveSegment  # set by recover(), before the log is used
         # Producer state as each rolled segment ended, committed with its segment entry.
         self.producer_snapshots: dict[int, dict] = {}
+        # When the active segment got its first batch: segment.ms counts from there, not
+        # from when the (possibly long idle) empty segment was opened. Replayed batches
+        # count from the recovery, which is when this log first held them.
+        self.active_since_ms = now_ms
         self.producers = ProducerTable()
         self._appended_producers: set[int] = set()  # producer ids appended to since recovery
         # (leader epoch, first offset) in offset order, for OffsetForLeaderEpoch
@@ -100,8 +104,10 @@ class PartitionLog:
             for pos, h in batches:
                 if h.last_offset < p.next_offset:
                     continue  # sealed already, or below the log start
-                if h.base_offset > p.next_offset and p.active.size == 0:
-                    # Retention or DeleteRecords left a gap before the first replayed batch.
+                if h.base_offset != p.next_offset and p.active.size == 0:
+                    # The first replayed batch need not start where the log does:
+                    # retention or DeleteRecords may have left a gap before it, or
+                    # DeleteRecords put the log start inside it (whole batches are kept).
                     p.active.delete()
                     p.active = ActiveSegment.create(directory, h.base_offset,
                                                     index_interval_bytes=index_interval_bytes,
@@ -119,8 +125,11 @@ class PartitionLog:
     def _replayed(self, h: BatchHeader) -> None:
         self._note_epoch(h.partition_leader_epoch, h.base_offset)
         if h.producer_id >= 0 and not h.is_control:
+            # Stamped with the recovery time, not the records' timestamps: like an append
+            # (and the segment snapshots), the table notes when a leader last heard from
+            # the producer, which idle expiry counts from. Records may carry any CreateTime.
             self.producers.record(h.producer_id, h.producer_epoch, h.base_sequence,
-                                  h.last_offset_delta + 1, h.base_offset, h.last_offset, h.max_timestamp)
+                                  h.last_offset_delta + 1, h.base_offset, h.last_offset, self.now_ms)
 
     def _note_epoch(self, epoch: int, offset: int) -> None:
         if epoch < 0:
@@ -162,6 +171,8 @@ class PartitionLog:
         """
         data = bytearray(batch)
         base = self.next_offset
+        if self.active.size == 0:
+            self.active_since_ms = now_ms
         patch_batch(data, 0, base, self.leader_epoch)
         if log_append_time:
             set_log_append_time(data, 0, now_ms)

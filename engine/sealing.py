@@ -65,9 +65,10 @@ class Sealer:
             self.roll(plog)
 
     def roll_due(self, plog: PartitionLog) -> None:
-        """Roll when `segment.bytes` or `segment.ms` says so (the timer's check)."""
+        """Roll when `segment.bytes` or `segment.ms` (since the segment's first batch) says
+        so (the timer's check)."""
         seg = plog.active
-        if seg.size and self.now_ms() - seg.created_ms >= self.topic_config(plog.topic, "segment.ms"):
+        if seg.size and self.now_ms() - plog.active_since_ms >= self.topic_config(plog.topic, "segment.ms"):
             self.roll(plog)
         else:
             self.maybe_roll(plog)

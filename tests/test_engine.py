@@ -1,0 +1,757 @@
+"""The log engine in process, on a fake wall clock: every scenario runs against the embedded
+coordinator with a file:// store and against a real etcd with moto's S3 server.
+
+WAL flushes are made to happen by `wal.flush.bytes` (the harness default flushes every
+append at once) and never by `wal.flush.ms`, which is a real-time timer; segment.ms and
+retention follow the fake clock. Nothing here asserts on elapsed time: waits are bounded
+by generous timeouts that only a broken engine reaches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import uuid
+from collections import Counter
+
+import pytest
+
+from stratalog.coordinator.model import PartitionState, TopicInfo
+from stratalog.engine.errors import NotLeader, OffsetOutOfRange
+from stratalog.engine.producers import OutOfOrderSequence
+from stratalog.engine.wal_writer import WalCommitFailed
+from stratalog.gateway.cluster import balance_leaders, decide_partition, new_topic_assignments
+from stratalog.gateway.config import ConfigError, parse_value
+from stratalog.gateway.errors import error_code
+from stratalog.gateway.protocol.error_codes import ErrorCode
+from stratalog.tiering import layout
+from stratalog.tiering.batch import build_batch
+from stratalog.tiering.manifest import read_manifest
+from stratalog.tiering.objectstore import ObjectNotFound
+
+try:
+    from tests.engine_harness import (TIMEOUT_S, WALL_START_MS, Backends, HeldUploads, assert_stored,
+                                      batch, committed, eventually, read_all, records_of, run)
+    from tests.etcd_fixture import etcd_server  # noqa: F401  (fixture)
+except ImportError:  # tests/ is not a package: pytest put it on sys.path
+    from engine_harness import (TIMEOUT_S, WALL_START_MS, Backends, HeldUploads,  # type: ignore
+                                assert_stored, batch, committed, eventually, read_all, records_of, run)
+    from etcd_fixture import etcd_server  # type: ignore  # noqa: F401
+
+SEGMENT_EXTENSIONS = (layout.LOG, layout.INDEX, layout.TIMEINDEX)
+
+
+# --- backends ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def moto_url():
+    pytest.importorskip("moto.server", reason="moto[server] is not installed")
+    try:
+        from tests.moto_fixture import MotoServer
+    except ImportError:
+        from moto_fixture import MotoServer  # type: ignore
+    server = MotoServer().start()
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture(params=[pytest.param("embedded+file", marks=pytest.mark.unit),
+                        pytest.param("etcd+s3", marks=pytest.mark.integration)])
+def backends(request, tmp_path, monkeypatch) -> Backends:
+    if request.param == "embedded+file":
+        return Backends(request.param, tmp_path)
+    etcd = request.getfixturevalue("etcd_server")
+    s3 = request.getfixturevalue("moto_url")
+    # Dummy credentials through the standard variables; nothing of the machine's AWS setup.
+    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
+                 "AWS_REGION", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    import boto3
+
+    bucket = f"engine-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3, region_name="us-east-1").create_bucket(Bucket=bucket)
+    return Backends(request.param, tmp_path, etcd_endpoint=etcd.endpoint, s3_endpoint=s3, bucket=bucket)
+
+
+# --- helpers ----------------------------------------------------------------------------
+
+async def sealed_segments(h, engine, topic: str, partition: int, count: int):
+    """Wait until `count` segments are committed, nothing rolled is left to upload and the
+    newest manifest lists them (the last step of sealing)."""
+    plog = engine.leader(topic, partition)
+
+    async def done():
+        segs = await h.store.segments(plog.topic_id, partition)
+        if len(segs) < count or plog.rolled:
+            return None
+        listed = await newest_manifest(h, topic, plog.topic_id, partition)
+        return segs if listed and [s.key_base for s in listed.segments] == [s.key_base for s in segs] else None
+
+    segs = await eventually(done, f"{count} sealed segment(s) of {topic}-{partition}")
+    assert len(segs) == count
+    return segs
+
+
+async def newest_manifest(h, topic: str, topic_id, partition: int):
+    keys = await h.keys(layout.partition_manifest_prefix(topic, topic_id, partition))
+    try:
+        return read_manifest(await h.objects.get(keys[-1])) if keys else None
+    except ObjectNotFound:  # replaced by a newer one since the listing
+        return None
+
+
+async def send(engine, topic: str, partition: int, data: bytes, now_ms: int):
+    """Append and wait for the commit (acks=all)."""
+    result = engine.append(topic, partition, data, now_ms=now_ms)
+    await committed(result)
+    return result
+
+
+async def no_wal_objects(h, node_id: int = 1) -> bool:
+    return not await h.keys(layout.wal_prefix(node_id))
+
+
+def expected_records(sent: list[tuple[int, bytes]]) -> list[tuple]:
+    """The records of (base offset, original batch) pairs as the log must return them."""
+    out = []
+    for base, data in sent:
+        out += [(base + off, ts, k, v, hs) for off, ts, k, v, hs in records_of(data)]
+    return out
+
+
+# --- 1. acks=all ------------------------------------------------------------------------
+
+def test_acks_all_waits_for_the_wal_commit_and_not_longer(backends):
+    """An append is committed with its WAL object, no sooner (nothing is visible before)
+    and no later (the flush that crosses wal.flush.bytes commits every waiting append,
+    of every partition, in one object)."""
+
+    async def body(h):
+        info = await h.create_topic("acks", 2)
+        first = batch(3, ts=h.clock.ms, tag="a")
+        second = batch(2, ts=h.clock.ms, tag="b")
+        engine = await h.start_engine(wal_flush_ms=60_000, wal_flush_bytes=len(first) + 1)
+        await h.lead(engine)
+
+        r1 = engine.append("acks", 0, first, now_ms=h.clock.ms)
+        assert (r1.base_offset, r1.records, r1.bytes) == (0, 3, len(first))
+        await asyncio.sleep(0.3)
+        p0 = engine.leader("acks", 0)
+        assert not r1.commit.done()
+        assert (p0.high_watermark, p0.next_offset) == (0, 3)
+        assert await engine.read(p0, 0, 1 << 20) == b""
+        assert await h.store.wal_objects() == []
+        assert (await h.store.log_state(info.topic_id, 0)).high_watermark == 0
+
+        # Crosses wal.flush.bytes: one WAL object commits both partitions' batches.
+        r2 = engine.append("acks", 1, second, now_ms=h.clock.ms)
+        await asyncio.wait_for(asyncio.gather(r1.commit, r2.commit), TIMEOUT_S)
+
+        [obj] = await h.store.wal_objects()
+        assert obj.gateway_id == 1
+        assert sorted((r.partition, r.base_offset, r.last_offset) for r in obj.ranges) == [(0, 0, 2), (1, 0, 1)]
+        assert await h.keys(layout.wal_prefix(1)) == [obj.key]
+        for p, end, original in ((0, 3, first), (1, 2, second)):
+            assert (await h.store.log_state(info.topic_id, p)).high_watermark == end
+            assert engine.high_watermark("acks", p) == end
+            assert_stored(original, await read_all(engine, "acks", p), base_offset=0, leader_epoch=0)
+
+        # The next batch of partition 0 lands after the first, in the next WAL object.
+        third = batch(4, ts=h.clock.ms, tag="c")
+        assert (await send(engine, "acks", 0, third, h.clock.ms)).base_offset == 3
+        assert_stored(third, await read_all(engine, "acks", 0, start=3), base_offset=3, leader_epoch=0)
+        assert len(await h.store.wal_objects()) == 2
+
+    run(backends, body)
+
+
+# --- 2. fencing -------------------------------------------------------------------------
+
+def test_fenced_flush_drops_its_partitions_and_its_object(backends):
+    """The controller moved partition 0 away before this engine noticed: the flush holding
+    its batches is fenced, every partition in it is dropped (their local segments hold
+    uncommitted batches), the producers get a retriable error and the object is deleted."""
+
+    async def body(h):
+        info = await h.create_topic("fenced", 2)
+        a = batch(2, ts=h.clock.ms, tag="a", producer=(77, 0), sequence=0)
+        b = batch(2, ts=h.clock.ms, tag="b")
+        engine = await h.start_engine(wal_flush_bytes=len(a) + 1)
+        await h.lead(engine)
+        await h.move_leadership("fenced", 0, leader=2)
+
+        results = [engine.append("fenced", 0, a, now_ms=h.clock.ms),
+                   engine.append("fenced", 0, a, now_ms=h.clock.ms),  # a retry: waits for the first
+                   engine.append("fenced", 1, b, now_ms=h.clock.ms)]
+        assert [r.base_offset for r in results] == [0, 0, 0]
+        for r in results:
+            with pytest.raises(WalCommitFailed) as failed:
+                await asyncio.wait_for(r.commit, TIMEOUT_S)
+            assert error_code(failed.value) == ErrorCode.NOT_LEADER_OR_FOLLOWER
+        assert engine.led() == {}
+        with pytest.raises(NotLeader):
+            engine.append("fenced", 1, b, now_ms=h.clock.ms)
+        assert await h.store.wal_objects() == []
+        await eventually(lambda: no_wal_objects(h), "the fenced WAL object to be deleted")
+        for p in (0, 1):
+            assert (await h.store.log_state(info.topic_id, p)).high_watermark == 0
+
+        # The next sync takes partition 1 (still ours) again, rebuilt from committed data.
+        await h.lead(engine)
+        assert set(engine.led()) == {("fenced", 1)}
+        p1 = engine.leader("fenced", 1)
+        assert (p1.high_watermark, p1.next_offset) == (0, 0)
+        big = batch(2, ts=h.clock.ms, tag="c", value_size=2 * len(a))  # over wal_flush_bytes alone
+        assert (await send(engine, "fenced", 1, big, h.clock.ms)).base_offset == 0
+        assert_stored(big, await read_all(engine, "fenced", 1), base_offset=0, leader_epoch=0)
+
+    run(backends, body)
+
+
+# --- 3. sealing -------------------------------------------------------------------------
+
+def test_segment_ms_seals_the_active_segment(backends):
+    """segment.ms after the segment's first record, the timer's roll_due seals it: the
+    .log/.index/.timeindex objects and a manifest are written, the segment entry replaces
+    the WAL ranges it covers, and the WAL object is collected on the next clean."""
+
+    async def body(h):
+        info = await h.create_topic("roll", 1, {"segment.ms": "60000"})
+        engine = await h.start_engine()
+        await h.lead(engine)
+        plog = engine.leader("roll", 0)
+
+        # An idle partition does not roll however long it stays empty, and segment.ms
+        # counts from the first record, not from when the empty segment was opened.
+        h.clock.advance(120_000)
+        engine.roll_due()
+        assert not plog.rolled
+
+        ts = h.clock.ms
+        sent = [batch(2, ts=ts, tag=f"b{i}") for i in range(3)]
+        for data in sent:
+            await send(engine, "roll", 0, data, h.clock.ms)
+        stored = await read_all(engine, "roll", 0)
+        wal_keys = await h.keys(layout.wal_prefix(1))
+        assert wal_keys and len(await h.store.wal_ranges(info.topic_id, 0, 0)) >= 1
+
+        h.clock.advance(59_999)
+        engine.roll_due()
+        assert not plog.rolled and plog.active.size == len(stored)
+        h.clock.advance(1)
+        engine.roll_due()
+        [entry] = await sealed_segments(h, engine, "roll", 0, 1)
+
+        assert (entry.base_offset, entry.last_offset, entry.size) == (0, 5, len(stored))
+        assert entry.min_timestamp == entry.max_timestamp == ts
+        for ext in SEGMENT_EXTENSIONS:
+            assert await h.exists(entry.key_base + ext)
+        assert await h.objects.get(entry.key_base + layout.LOG) == stored
+        manifest = await newest_manifest(h, "roll", info.topic_id, 0)
+        assert (manifest.log_start_offset, manifest.version) == (0, 1)
+        assert [(s.base_offset, s.last_offset, s.key_base) for s in manifest.segments] == \
+            [(0, 5, entry.key_base)]
+        assert await h.store.wal_ranges(info.topic_id, 0, 0) == []
+        assert plog.active.size == 0 and plog.active.base_offset == 6
+
+        # The WAL object is obsolete now, but only a clean deletes it.
+        for key in wal_keys:
+            assert await h.exists(key)
+        await engine.clean()
+        for key in wal_keys:
+            assert not await h.exists(key)
+        assert await h.store.wal_objects() == []
+        assert await read_all(engine, "roll", 0) == stored  # served from the sealed segment now
+
+    run(backends, body)
+
+
+def test_segment_bytes_seals_on_append(backends):
+    """An append that brings the active segment to segment.bytes rolls it at once."""
+    with pytest.raises(ConfigError):
+        parse_value("segment.bytes", 13)  # the smallest segment.bytes is 14 bytes
+
+    async def body(h):
+        one = batch(2, ts=h.clock.ms, tag="x")
+        info = await h.create_topic("bytes", 1, {"segment.bytes": str(2 * len(one))})
+        engine = await h.start_engine()
+        await h.lead(engine)
+        plog = engine.leader("bytes", 0)
+
+        await send(engine, "bytes", 0, batch(2, ts=h.clock.ms, tag="a"), h.clock.ms)
+        assert not plog.rolled and await h.store.segments(info.topic_id, 0) == []
+        await send(engine, "bytes", 0, batch(2, ts=h.clock.ms, tag="b"), h.clock.ms)
+        [entry] = await sealed_segments(h, engine, "bytes", 0, 1)
+        assert (entry.base_offset, entry.last_offset, entry.size) == (0, 3, 2 * len(one))
+        assert await h.store.wal_ranges(info.topic_id, 0, 0) == []
+
+        await send(engine, "bytes", 0, batch(2, ts=h.clock.ms, tag="c"), h.clock.ms)
+        assert plog.active.base_offset == 4 and plog.active.size == len(one)
+        assert len(await h.store.segments(info.topic_id, 0)) == 1
+        assert [r.base_offset for _, r in await h.store.wal_ranges(info.topic_id, 0, 0)] == [4]
+
+    run(backends, body)
+
+
+# --- 4. retention and DeleteRecords -----------------------------------------------------
+
+def test_retention_ms_deletes_old_segments(backends):
+    async def body(h):
+        # segment.bytes at its minimum: every append is a segment of its own.
+        info = await h.create_topic("ret-time", 1, {"segment.bytes": "14", "retention.ms": "60000"})
+        engine = await h.start_engine()
+        await h.lead(engine)
+        t0 = h.clock.ms
+        for i in range(3):
+            await send(engine, "ret-time", 0, batch(2, ts=h.clock.ms, tag=f"s{i}"), h.clock.ms)
+            h.clock.advance(30_000)
+        a, b, c = await sealed_segments(h, engine, "ret-time", 0, 3)
+        assert (a.max_timestamp, b.max_timestamp, c.max_timestamp) == (t0, t0 + 30_000, t0 + 60_000)
+        plog = engine.leader("ret-time", 0)
+
+        h.clock.ms = t0 + 60_000  # a is exactly retention.ms old: kept
+        await engine.clean()
+        assert plog.log_start_offset == 0 and len(await h.store.segments(info.topic_id, 0)) == 3
+
+        h.clock.advance(1)  # now a is older than retention.ms
+        await engine.clean()
+        assert plog.log_start_offset == a.last_offset + 1 == 2
+        assert (await h.store.log_state(info.topic_id, 0)).log_start_offset == 2
+        assert await h.store.segments(info.topic_id, 0) == [b, c]
+        for ext in SEGMENT_EXTENSIONS:
+            assert not await h.exists(a.key_base + ext)
+            assert await h.exists(b.key_base + ext) and await h.exists(c.key_base + ext)
+        assert await engine.read(plog, 0, 1 << 20) == b""
+        assert [r[0] for r in records_of(await read_all(engine, "ret-time", 0))] == [2, 3, 4, 5]
+        assert await engine.list_offset(plog, -2) == (2, -1)
+        assert await h.store.wal_objects() == []  # sealed, then collected
+
+        h.clock.advance(30_000)
+        await engine.clean()
+        assert plog.log_start_offset == 4 and await h.store.segments(info.topic_id, 0) == [c]
+
+    run(backends, body)
+
+
+def test_retention_bytes_keeps_the_newest_segments(backends):
+    async def body(h):
+        size = len(batch(2, ts=h.clock.ms, tag="s0"))
+        info = await h.create_topic("ret-size", 1, {"segment.bytes": "14", "retention.bytes": str(2 * size)})
+        engine = await h.start_engine()
+        await h.lead(engine)
+        for i in range(4):
+            await send(engine, "ret-size", 0, batch(2, ts=h.clock.ms, tag=f"s{i}"), h.clock.ms)
+        segs = await sealed_segments(h, engine, "ret-size", 0, 4)
+        assert {s.size for s in segs} == {size}
+
+        await engine.clean()
+        plog = engine.leader("ret-size", 0)
+        assert await h.store.segments(info.topic_id, 0) == segs[2:]
+        assert plog.log_start_offset == (await h.store.log_state(info.topic_id, 0)).log_start_offset == 4
+        for s in segs[:2]:
+            for ext in SEGMENT_EXTENSIONS:
+                assert not await h.exists(s.key_base + ext)
+        assert [r[0] for r in records_of(await read_all(engine, "ret-size", 0))] == [4, 5, 6, 7]
+
+        await engine.clean()  # within the limit now: nothing more goes
+        assert await h.store.segments(info.topic_id, 0) == segs[2:]
+
+    run(backends, body)
+
+
+def test_delete_records_moves_the_log_start(backends):
+    async def body(h):
+        one = batch(3, ts=h.clock.ms, tag="x")
+        info = await h.create_topic("del", 1, {"segment.bytes": str(2 * len(one))})
+        engine = await h.start_engine()
+        await h.lead(engine)
+        sent = []
+        for i in range(3):
+            data = batch(3, ts=h.clock.ms, tag=f"d{i}")
+            sent.append(((await send(engine, "del", 0, data, h.clock.ms)).base_offset, data))
+        [seg] = await sealed_segments(h, engine, "del", 0, 1)  # offsets 0-5; 6-8 in the WAL only
+        plog = engine.leader("del", 0)
+
+        assert await engine.delete_records("del", 0, 4) == 4
+        assert (await h.store.log_state(info.topic_id, 0)).log_start_offset == 4
+        assert await h.store.segments(info.topic_id, 0) == [seg]  # 4 and 5 still in it
+        assert await engine.read(plog, 3, 1 << 20) == b""
+        # Reads return whole batches: the one holding offset 4 starts at 3.
+        assert records_of(await read_all(engine, "del", 0)) == expected_records(sent[1:])
+
+        assert await engine.delete_records("del", 0, 2) == 4  # never moves back
+        assert await engine.delete_records("del", 0, 6) == 6
+        assert await h.store.segments(info.topic_id, 0) == []
+        for ext in SEGMENT_EXTENSIONS:
+            assert not await h.exists(seg.key_base + ext)
+        assert records_of(await read_all(engine, "del", 0)) == expected_records(sent[2:])
+
+        with pytest.raises(OffsetOutOfRange) as past:
+            await engine.delete_records("del", 0, 10)
+        assert error_code(past.value) == ErrorCode.OFFSET_OUT_OF_RANGE
+        assert await engine.delete_records("del", 0, -1) == 9  # -1: the high watermark
+        assert await engine.list_offset(plog, -2) == await engine.list_offset(plog, -1) == (9, -1)
+        assert await read_all(engine, "del", 0) == b""
+
+        # Every WAL range now lies below the log start: the objects go on the next clean.
+        assert await h.store.wal_objects()
+        await engine.clean()
+        assert await h.store.wal_objects() == [] and await no_wal_objects(h)
+
+    run(backends, body)
+
+
+# --- 5. garbage collection --------------------------------------------------------------
+
+def test_uncommitted_wal_objects_are_collected_but_never_in_flight_ones(backends):
+    async def body(h):
+        await h.create_topic("gc", 1)
+        # A previous run of gateway 1 uploaded sequence 7 and died before committing it;
+        # gateway 2's objects are not ours to judge.
+        await h.objects.put(layout.wal_key(1, 7), b"never committed")
+        await h.objects.put(layout.wal_key(2, 3), b"someone else's")
+        held = HeldUploads(h.objects, hold=lambda key: key.startswith(layout.wal_prefix(1)))
+        engine = await h.start_engine(objects=held)
+        await engine.collect_orphan_wal_objects()  # at start, before the first flush
+        assert not await h.exists(layout.wal_key(1, 7))
+        await h.lead(engine)
+
+        # The next upload continues after every sequence ever used: 8. It is in the store
+        # but not committed yet, and no number of cleans touches it.
+        result = engine.append("gc", 0, batch(2, ts=h.clock.ms), now_ms=h.clock.ms)
+        await eventually(lambda: held.held, "the WAL upload")
+        assert held.held == [layout.wal_key(1, 8)]
+        # An upload of ours with a lower sequence that never got committed (a fenced flush
+        # whose delete failed, say) is garbage.
+        await h.objects.put(layout.wal_key(1, 5), b"fenced, not deleted")
+        await engine.clean()
+        await engine.clean()
+        assert await h.exists(layout.wal_key(1, 8))
+        assert not await h.exists(layout.wal_key(1, 5))
+
+        held.release()
+        await committed(result)
+        [obj] = await h.store.wal_objects()
+        assert (obj.gateway_id, obj.sequence) == (1, 8)
+        await engine.clean()
+        assert await h.keys(layout.wal_prefix()) == [layout.wal_key(1, 8), layout.wal_key(2, 3)]
+
+    run(backends, body)
+
+
+def test_unreferenced_segment_objects_are_collected_but_never_in_flight_ones(backends):
+    async def body(h):
+        info = await h.create_topic("orphans", 1, {"segment.ms": "1000"})
+        other = await h.create_topic("not-ours", 1, leader=2)
+        held = HeldUploads(h.objects, hold=lambda key: key.endswith(layout.INDEX))
+        engine = await h.start_engine(objects=held)
+        await h.lead(engine)
+        await send(engine, "orphans", 0, batch(2, ts=h.clock.ms), h.clock.ms)
+
+        # Sealing: the .log and .index are uploaded, the commit has not happened yet.
+        h.clock.advance(1000)
+        engine.roll_due()
+        await eventually(lambda: held.held, "the segment upload")
+        prefix = layout.partition_segment_prefix("orphans", info.topic_id, 0)
+        uploading = await h.keys(prefix)
+        assert sorted(k.rsplit(".", 1)[1] for k in uploading) == ["index", "log"]
+        for _ in range(3):
+            await engine.clean()
+        assert await h.keys(prefix) == uploading
+
+        held.release()
+        [seg] = await sealed_segments(h, engine, "orphans", 0, 1)
+        committed_keys = sorted(seg.key_base + ext for ext in SEGMENT_EXTENSIONS)
+        assert await h.keys(prefix) == committed_keys
+
+        # Objects no entry names (an upload whose gateway died before committing), under a
+        # partition we lead, and the same under a partition led elsewhere.
+        orphan = layout.segment_key_base("orphans", info.topic_id, 0, 2, 0, "deadbeef0001")
+        theirs = layout.segment_key_base("not-ours", other.topic_id, 0, 0, 0, "deadbeef0002")
+        for base in (orphan, theirs):
+            for ext in SEGMENT_EXTENSIONS:
+                await h.objects.put(base + ext, b"uncommitted")
+        await engine.clean()
+        assert all([await h.exists(orphan + ext) for ext in SEGMENT_EXTENSIONS])
+        await engine.clean()  # unreferenced on two passes in a row: collected
+        assert await h.keys(prefix) == committed_keys
+        await engine.clean()
+        assert all([await h.exists(theirs + ext) for ext in SEGMENT_EXTENSIONS])
+
+    run(backends, body)
+
+
+# --- 6 and 7. recovery ------------------------------------------------------------------
+
+async def fail_over(h, engine):
+    """The gateway stops and loses its local files; the controller gives its partitions
+    back to node 1 at a new epoch and a new process (new clients, same data dir path)
+    recovers them from the store."""
+    data_dir = engine.data_dir
+    await h.stop_engine(engine)
+    shutil.rmtree(data_dir)
+    await h.reopen_clients()
+    for name, info in h.topics.items():
+        for p in range(info.partitions):
+            await h.move_leadership(name, p, leader=1)
+    engine = await h.start_engine(data_dir=data_dir)
+    await engine.collect_orphan_wal_objects()
+    await h.lead(engine)
+    return engine
+
+
+def test_recovery_from_sealed_segments_and_wal_ranges(backends):
+    async def body(h):
+        info = await h.create_topic("recover", 1, {"segment.ms": "1000"})
+        engine = await h.start_engine()
+        await h.lead(engine)
+        sent = []
+
+        async def produce(data):
+            sent.append(((await send(engine, "recover", 0, data, h.clock.ms)).base_offset, data))
+            h.clock.advance(7)
+
+        for n, tag in ((2, "a"), (3, "b")):
+            await produce(batch(n, ts=h.clock.ms, tag=tag))
+        h.clock.advance(1000)
+        engine.roll_due()
+        await sealed_segments(h, engine, "recover", 0, 1)
+        await produce(batch(1, ts=h.clock.ms, tag="c", headers=False))
+        await produce(build_batch([(None, b"no key", []), (b"no value", None, [("h", b"")])],
+                                  timestamps=[h.clock.ms + 5, h.clock.ms - 5]))
+        h.clock.advance(1000)
+        engine.roll_due()
+        await sealed_segments(h, engine, "recover", 0, 2)
+        for n, tag in ((2, "e"), (4, "f")):  # in WAL objects only
+            await produce(batch(n, ts=h.clock.ms, tag=tag, value_size=40))
+        assert await engine.delete_records("recover", 0, 3) == 3  # inside the first segment
+        await engine.clean()
+
+        plog = engine.leader("recover", 0)
+        before = await read_all(engine, "recover", 0)
+        state = (plog.log_start_offset, plog.high_watermark)
+        assert state == (3, 14)
+        assert records_of(before) == expected_records(sent[1:])
+        assert len(await h.store.wal_ranges(info.topic_id, 0, 0)) >= 1
+        stamps = sorted({r[1] for r in records_of(before)})
+        probes = [-3, stamps[0] - 1, *stamps, stamps[-1] + 1]
+        by_time = [await engine.list_offset(plog, ts) for ts in probes]
+
+        engine = await fail_over(h, engine)
+        plog = engine.leader("recover", 0)
+        assert plog.leader_epoch == 1
+        assert (plog.log_start_offset, plog.high_watermark, plog.next_offset) == (3, 14, 14)
+        assert await read_all(engine, "recover", 0) == before
+        assert await engine.list_offset(plog, -2) == (3, -1)
+        assert await engine.list_offset(plog, -1) == (14, -1)
+        assert [await engine.list_offset(plog, ts) for ts in probes] == by_time
+
+        # The log goes on at the new epoch.
+        more = batch(2, ts=h.clock.ms, tag="g")
+        assert (await send(engine, "recover", 0, more, h.clock.ms)).base_offset == 14
+        assert_stored(more, await read_all(engine, "recover", 0, start=14), base_offset=14, leader_epoch=1)
+        assert await read_all(engine, "recover", 0) == before + await read_all(engine, "recover", 0, start=14)
+
+    run(backends, body)
+
+
+def test_recovery_with_the_log_start_inside_a_batch(backends):
+    """DeleteRecords may put the log start inside a batch held only in WAL objects: a new
+    leader serves that batch whole, as the old one did, and seals it with the rest."""
+
+    async def body(h):
+        await h.create_topic("mid", 1, {"segment.ms": "1000"})
+        engine = await h.start_engine()
+        await h.lead(engine)
+        sent = []
+        for i in range(3):
+            data = batch(3, ts=h.clock.ms, tag=f"m{i}")
+            sent.append(((await send(engine, "mid", 0, data, h.clock.ms)).base_offset, data))
+        assert await engine.delete_records("mid", 0, 4) == 4
+        before = await read_all(engine, "mid", 0)
+        assert records_of(before) == expected_records(sent[1:])
+
+        engine = await fail_over(h, engine)
+        plog = engine.leader("mid", 0)
+        assert (plog.log_start_offset, plog.high_watermark) == (4, 9)
+        assert await read_all(engine, "mid", 0) == before
+        h.clock.advance(1000)
+        engine.roll_due()
+        [seg] = await sealed_segments(h, engine, "mid", 0, 1)
+        assert (seg.base_offset, seg.last_offset) == (3, 8)
+        assert await read_all(engine, "mid", 0) == before
+
+    run(backends, body)
+
+
+@pytest.mark.parametrize("state_from", ["snapshot", "wal"])
+def test_idempotent_producer_state_survives_recovery(backends, state_from):
+    """After recovery, from the newest segment's producer snapshot or by replaying WAL
+    ranges, a retried batch is answered with its original offset and not appended again."""
+    pid, pepoch = 4242, 3
+    # The records carry old CreateTime timestamps (events produced with their original
+    # time): an idle producer expires by when the leader last heard from it, not by those.
+    created = WALL_START_MS - 3 * 86_400_000
+
+    def produced(seq: int, n: int = 2, tag: str = "p") -> bytes:
+        return batch(n, ts=created + seq, tag=f"{tag}{seq}", producer=(pid, pepoch), sequence=seq)
+
+    async def body(h):
+        info = await h.create_topic("idem", 1, {"segment.ms": "1000"})
+        engine = await h.start_engine()
+        await h.lead(engine)
+        sent = [produced(seq) for seq in (0, 2, 4)]  # next sequence: 6
+        for i, data in enumerate(sent):
+            assert (await send(engine, "idem", 0, data, h.clock.ms)).base_offset == 2 * i
+        if state_from == "snapshot":
+            h.clock.advance(1000)
+            engine.roll_due()
+            [seg] = await sealed_segments(h, engine, "idem", 0, 1)
+            assert str(pid) in seg.producers
+            await engine.clean()
+            assert await h.store.wal_ranges(info.topic_id, 0, 0) == [] and await h.store.wal_objects() == []
+        else:
+            assert await h.store.segments(info.topic_id, 0) == []
+
+        engine = await fail_over(h, engine)
+        plog = engine.leader("idem", 0)
+        assert (plog.high_watermark, plog.next_offset) == (6, 6)
+        h.clock.advance(60_000)
+        await engine.clean()  # a maintenance pass, which expires idle producers
+
+        # Retries whose answers were lost: the original offsets, nothing appended.
+        for original, data in ((4, sent[2]), (0, sent[0])):
+            again = engine.append("idem", 0, data, now_ms=h.clock.ms)
+            assert again.base_offset == original
+            await committed(again)
+            assert (plog.high_watermark, plog.next_offset) == (6, 6)
+
+        # A gap right after recovery: the earlier batches were refused by the old
+        # leadership, so the producer is told to retry (not that it is out of order).
+        with pytest.raises(NotLeader) as gap:
+            engine.append("idem", 0, produced(8), now_ms=h.clock.ms)
+        assert error_code(gap.value) == ErrorCode.NOT_LEADER_OR_FOLLOWER
+        nxt = produced(6, tag="n")
+        assert (await send(engine, "idem", 0, nxt, h.clock.ms)).base_offset == 6
+        # The producer appended to this leadership: now a gap is out of order.
+        with pytest.raises(OutOfOrderSequence) as gap:
+            engine.append("idem", 0, produced(10), now_ms=h.clock.ms)
+        assert error_code(gap.value) == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+        assert plog.high_watermark == 8
+        assert records_of(await read_all(engine, "idem", 0)) == \
+            expected_records([(0, sent[0]), (2, sent[1]), (4, sent[2]), (6, nxt)])
+
+    run(backends, body)
+
+
+# --- 8. controller placement, as pure functions -----------------------------------------
+
+def topic(name: str = "t", partitions: int = 4, rf: int = 3) -> TopicInfo:
+    return TopicInfo(name, uuid.UUID(int=7), partitions, rf, {})
+
+
+def no_lagging(node: int) -> frozenset[str]:
+    return frozenset()
+
+
+@pytest.mark.unit
+def test_new_topic_assignments_spread_leaders_round_robin():
+    live = [3, 1, 2]
+    out = new_topic_assignments(live, range(6), 2, "orders")
+    assert sorted(out) == list(range(6))
+    leaders = [out[p].leader for p in range(6)]
+    assert Counter(leaders) == {1: 2, 2: 2, 3: 2}
+    for p in range(5):  # consecutive partitions go to consecutive gateways
+        assert leaders[p + 1] == sorted(live)[(sorted(live).index(leaders[p]) + 1) % 3]
+    for st in out.values():
+        assert st.leader_epoch == 0 and st.replicas[0] == st.leader
+        assert len(set(st.replicas)) == 2 and st.isr == st.replicas
+    # Never more replicas than live gateways.
+    assert {len(s.replicas) for s in new_topic_assignments([1, 2], range(3), 3, "x").values()} == {2}
+
+
+@pytest.mark.unit
+def test_decide_partition_keeps_a_live_leader():
+    old = PartitionState(2, 5, (2, 1, 3), (2, 1, 3))
+    assert decide_partition(topic(), 0, old, [1, 2, 3], no_lagging) == old
+
+
+@pytest.mark.unit
+def test_decide_partition_moves_a_dead_leader_to_an_in_sync_replica():
+    info = topic()
+    old = PartitionState(2, 5, (2, 1, 3), (2, 1, 3))
+    new = decide_partition(info, 0, old, [1, 3], no_lagging)
+    assert (new.leader, new.leader_epoch, new.isr) == (1, 6, (1, 3))
+    assert new.replicas == (1, 3, 2)  # the dead one stays listed while nobody replaces it
+    # Node 1 reports lagging on this partition: the in-sync node 3 leads instead.
+    lagging = {1: frozenset({f"{info.topic_id}/0"})}
+    new = decide_partition(info, 0, old, [1, 3], lambda n: lagging.get(n, frozenset()))
+    assert (new.leader, new.leader_epoch, new.isr) == (3, 6, (3,))
+    assert set(new.replicas) == {1, 2, 3}
+
+
+@pytest.mark.unit
+def test_decide_partition_drops_lagging_replicas_from_the_isr_and_tops_replicas_up():
+    info = topic()
+    old = PartitionState(1, 4, (1, 2, 3), (1, 2, 3))
+    lagging = {3: frozenset({f"{info.topic_id}/0"}), 2: frozenset({f"{info.topic_id}/1"})}
+    new = decide_partition(info, 0, old, [1, 2, 3], lambda n: lagging.get(n, frozenset()))
+    assert new == PartitionState(1, 4, (1, 2, 3), (1, 2))
+
+    small = PartitionState(1, 2, (1,), (1,))
+    new = decide_partition(info, 0, small, [1, 2, 3, 4], no_lagging)
+    assert (new.leader, new.leader_epoch) == (1, 2)
+    assert new.replicas[0] == 1 and len(set(new.replicas)) == 3 and set(new.isr) == set(new.replicas)
+
+    fresh = decide_partition(info, 0, None, [1, 2, 3], no_lagging)
+    assert fresh.leader_epoch == 0 and len(fresh.replicas) == 3 and fresh.leader == fresh.replicas[0]
+
+
+def controller_pass(plans, live):
+    leaders = {b: 0 for b in live}
+    for _, _, _, new in plans:
+        leaders[new.leader] += 1
+    return balance_leaders(plans, leaders)
+
+
+@pytest.mark.unit
+def test_balance_leaders_moves_one_leadership_per_pass():
+    info = topic("b", 4, 1)
+    states = {p: PartitionState(1, 3, (1,), (1,)) for p in range(4)}
+    live = [1, 2]
+    passes = 0
+    while True:
+        plans = [(info, p, states[p], decide_partition(info, p, states[p], live, no_lagging)) for p in range(4)]
+        out = controller_pass(plans, live)
+        changed = {p: new for _, p, old, new in out if new != old}
+        if not changed:
+            break
+        passes += 1
+        [(p, new)] = changed.items()  # exactly one per pass
+        assert states[p].leader == 1 and new.leader == 2
+        assert new.leader_epoch == states[p].leader_epoch + 1 and new.replicas == new.isr == (2,)
+        states[p] = new
+    assert passes == 2  # 4-0, 3-1, then 2-2 is balanced
+    assert Counter(s.leader for s in states.values()) == {1: 2, 2: 2}
+
+
+@pytest.mark.unit
+def test_balance_leaders_bumps_the_epoch_once():
+    """A partition whose leader decide_partition already changed (its leader died) and that
+    the balancing moves again gets one new epoch, not two."""
+    info = topic("e", 4, 2)
+    live = [1, 2]
+    olds = [PartitionState(3, 7, (3, 1), (3, 1))] + [PartitionState(1, 0, (1, 3), (1, 3))] * 3
+    plans = [(info, p, old, decide_partition(info, p, old, live, no_lagging)) for p, old in enumerate(olds)]
+    assert plans[0][3].leader == 1 and plans[0][3].leader_epoch == 8
+    out = controller_pass(plans, live)
+    moved = [(p, new) for _, p, _, new in out if new.leader == 2]
+    assert [(p, new.leader_epoch) for p, new in moved] == [(0, 8)]
+    assert out[0][3].replicas[0] == 2 and 2 in out[0][3].isr
