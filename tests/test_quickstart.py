@@ -25,7 +25,9 @@ def _top_level_names(python: Path) -> set[str]:
     code = ("import importlib.metadata as m\n"
             "files = m.distribution('stratalog').files\n"
             "print('\\n'.join(sorted({f.parts[0] for f in files if f.suffix == '.py'})))")
-    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    # Isolated, from the venv's folder: an egg-info in the source tree must not stand in.
+    out = subprocess.run([str(python), "-I", "-c", code], capture_output=True, text=True, check=True,
+                         timeout=60, cwd=python.parent)
     return set(out.stdout.split())
 
 
