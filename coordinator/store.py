@@ -8,6 +8,9 @@ Keys live under `/stratalog/<cluster>/` as model.py lists them, values are compa
     index_deletions                   -> rewritten by every transaction that deletes
                                          topic, log, segment or WAL keys
 
+A WAL entry's `format` is the WAL object's format version (absent, as 0.1.0 wrote
+entries: 1), for readers of single ranges, which never see the object's header.
+
 The epoch key exists so a commit can be fenced by a value compare: ISR-only changes rewrite
 `partitions/<topic_id>/<p>` without touching it, so they never fence a leader.
 
@@ -31,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 from urllib.parse import quote, unquote
 
@@ -105,11 +108,11 @@ def _range_dict(r: WalRange) -> dict:
             "position": r.position, "length": r.length, "max_timestamp": r.max_timestamp}
 
 
-def _ranges(key: str, items: Any) -> list[WalRange]:
+def _ranges(key: str, items: Any, format_version: int = 1) -> list[WalRange]:
     try:
         return [WalRange(uuid.UUID(d["topic_id"]), int(d["partition"]), int(d["base_offset"]),
                          int(d["last_offset"]), int(d["position"]), int(d["length"]),
-                         int(d["max_timestamp"])) for d in items]
+                         int(d["max_timestamp"]), format_version) for d in items]
     except _BAD as e:
         raise CoordinatorError(f"corrupt WAL ranges at {key}: {e!r}") from None
 
@@ -225,16 +228,18 @@ class _Index:
             if head is None:
                 continue
             key = f"wal/{ws[0]}/{ws[1]:020d}"
-            ranges = _ranges(key, head.get("ranges") or [])
+            fmt = head.get("format", 1)  # 0.1.0 wrote no format: version 1
             n = head.get("parts") or 0
-            if not isinstance(n, int) or not isinstance(head.get("key"), str):
+            if not isinstance(n, int) or not isinstance(head.get("key"), str) \
+                    or not isinstance(fmt, int) or isinstance(fmt, bool):
                 raise CoordinatorError(f"corrupt WAL entry at {key}")
+            ranges = _ranges(key, head.get("ranges") or [], fmt)
             parts = self.wal_parts.get(ws, {})
             if any(i not in parts for i in range(n)):
                 raise CoordinatorError(f"WAL entry {key} names {n} parts but some are missing")
             for i in range(n):
-                ranges += parts[i]
-            obj = WalObject(ws[0], ws[1], str(head.get("key")), tuple(ranges))
+                ranges += [replace(r, format_version=fmt) for r in parts[i]]
+            obj = WalObject(ws[0], ws[1], str(head.get("key")), tuple(ranges), fmt)
             self.objects[ws] = obj
             grouped: dict[TP, list[WalRange]] = {}
             for r in ranges:
@@ -664,7 +669,8 @@ class KVClusterStore:
         order = sorted(epochs, key=lambda tp: (str(tp[0]), tp[1]))
         compares = [value_is(self._epoch_key(*tp), _dumps(epochs[tp])) for tp in order]
         wkey = self._wal_key(obj.gateway_id, obj.sequence)
-        whole = Put(wkey, _dumps({"key": obj.key, "ranges": [_range_dict(r) for r in obj.ranges]}))
+        whole = Put(wkey, _dumps({"key": obj.key, "format": obj.format_version,
+                                  "ranges": [_range_dict(r) for r in obj.ranges]}))
         if self._fits(compares, [whole]):
             if not await self.kv.txn(compares, [whole]):
                 if await self._already_committed(whole):
@@ -695,7 +701,8 @@ class KVClusterStore:
     async def _commit_wal_split(self, obj: WalObject, epochs: dict[TP, int], order: list[TP],
                                 grouped: dict[TP, list[dict]], wkey: str) -> None:
         chunks = self._plan_chunks(order, epochs, grouped)
-        header = Put(wkey, _dumps({"key": obj.key, "ranges": [], "parts": len(chunks)}))
+        header = Put(wkey, _dumps({"key": obj.key, "format": obj.format_version, "ranges": [],
+                                   "parts": len(chunks)}))
         for _ in range(_SPLIT_COMMIT_ATTEMPTS):
             got = await self.kv.get(self._gen_key)
             fence = mod_is(self._gen_key, got[1] if got else 0)

@@ -10,13 +10,21 @@ really wrote is opened in test_upgrade.py.
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
+from pathlib import Path
 
 import pytest
 
+from stratalog.coordinator import open_coordinator
+from stratalog.coordinator.model import PartitionState, WalObject, WalRange
+from stratalog.gateway.partition import PartitionLog
+from stratalog.gateway.replica import ReplicaView
 from stratalog.tiering import manifest, wal
 from stratalog.tiering.batch import build_batch
 from stratalog.tiering.errors import CorruptObject, UnsupportedFormat
+from stratalog.tiering.objectstore import open_store
+from stratalog.tiering.remote import RemoteCache
 
 TID = uuid.UUID("0b6f7c1e-2d3a-4e55-9a77-5b1c2d3e4f60")
 NEWER = "has format version 2; this Stratalog reads version 1: upgrade the gateway"
@@ -61,6 +69,51 @@ def test_wal_object_versions():
         wal.read_wal(_with_version(data, 0, 0))
     # Still refused as corruption by whoever only knows CorruptObject.
     assert issubclass(UnsupportedFormat, CorruptObject)
+
+
+def _store_with_topic(tmp_path: Path):
+    """An embedded coordinator holding one topic of one partition; (store, topic id)."""
+    store = open_coordinator(None, tmp_path / "coord")
+    info = run(store.create_topic("t", 1, 1, {}, {0: PartitionState(1, 0, (1,), (1,))}))
+    return store, info.topic_id
+
+
+def _range(topic_id) -> dict:
+    return {"topic_id": str(topic_id), "partition": 0, "base_offset": 0, "last_offset": 1,
+            "position": 8, "length": 100, "max_timestamp": 1001}
+
+
+def test_wal_entries_carry_the_object_version(tmp_path):
+    store, tid = _store_with_topic(tmp_path)
+    r = WalRange(tid, 0, 0, 1, 8, 100, 1001, wal.FORMAT_VERSION)
+    run(store.commit_wal(WalObject(1, 3, "wal/1/3.wal", (r,), wal.FORMAT_VERSION), {(tid, 0): 0}))
+    # 0.1.0 wrote entries without "format": they are version 1.
+    run(store.kv.put(store.prefix + "wal/1/00000000000000000002",
+                     json.dumps({"key": "wal/1/2.wal", "ranges": [_range(tid)]}).encode()))
+    value, _ = run(store.kv.get(store.prefix + "wal/1/00000000000000000003"))
+    assert json.loads(value)["format"] == wal.FORMAT_VERSION
+    assert {o.key: o.format_version for o in run(store.wal_objects())} == \
+        {"wal/1/2.wal": 1, "wal/1/3.wal": wal.FORMAT_VERSION}
+    assert {k: r.format_version for k, r in run(store.wal_ranges(tid, 0, 0))} == \
+        {"wal/1/2.wal": 1, "wal/1/3.wal": wal.FORMAT_VERSION}
+    run(store.close())
+
+
+def test_wal_entry_of_a_newer_version_is_refused_before_its_range_is_read(tmp_path):
+    store, tid = _store_with_topic(tmp_path)
+    key = "wal/1/00000000000000000007.wal"
+    run(store.kv.put(store.prefix + "wal/1/00000000000000000007", json.dumps(
+        {"key": key, "format": 2, "ranges": [_range(tid)]}).encode()))
+    # The object does not even exist: the refusal must come before any GET.
+    objects = open_store((tmp_path / "objects").as_uri())
+    with pytest.raises(UnsupportedFormat) as e:
+        run(PartitionLog.recover("t", tid, 0, 0, tmp_path / "logs", store, objects,
+                                 index_interval_bytes=4096, now_ms=0))
+    assert str(e.value) == f"WAL object {key} {NEWER}"
+    view = ReplicaView("t", tid, 0)
+    with pytest.raises(UnsupportedFormat, match=f"WAL object {key} {NEWER}"):
+        run(view.catch_up(store, RemoteCache(objects, tmp_path / "cache", max_bytes=0), 0.0))
+    run(store.close())
 
 
 # ---- manifests --------------------------------------------------------------------------
