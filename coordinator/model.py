@@ -115,6 +115,9 @@ class CommittedOffset:
 class ClusterStore(Protocol):
     """What the gateway and tools ask of the coordinator. Every method is a coroutine."""
 
+    async def check_keyspace(self, mark: bool = True) -> int:
+        """The keyspace's format version; refuses a newer one, marks an unmarked one."""
+
     async def cluster_id(self) -> str:
         """The cluster's id, created on first use."""
 

@@ -1,15 +1,21 @@
 """`KVClusterStore`: the cluster model of `coordinator.model` over any `KV` backend.
 
 Keys live under `/stratalog/<cluster>/` as model.py lists them, values are compact JSON
-(UUIDs as strings, names percent-quoted inside keys). Three keys are added to that list:
+(UUIDs as strings, names percent-quoted inside keys). Four keys are added to that list:
 
+    keyspace_version                  -> KEYSPACE_VERSION of the layout below (absent: 1)
     partitions/<topic_id>/<p>/epoch   -> leader epoch as a decimal integer
     fence_generation                  -> rewritten whenever any leader epoch changes
     index_deletions                   -> rewritten by every transaction that deletes
                                          topic, log, segment or WAL keys
 
-A WAL entry's `format` is the WAL object's format version (absent, as 0.1.0 wrote
-entries: 1), for readers of single ranges, which never see the object's header.
+`keyspace_version` versions every key and value here, the idempotent producer snapshot in
+segment entries (gateway.producers) included: a change to any of them bumps
+KEYSPACE_VERSION. 0.1.0 wrote no such key, so a keyspace without it is version 1;
+`check_keyspace` refuses a version outside OLDEST_READABLE_KEYSPACE..KEYSPACE_VERSION and
+marks an unmarked keyspace. Additions that older readers ignore (a new field in a JSON
+value, a new key outside the prefixes they read) need no bump: a WAL entry's `format`
+(the WAL object's format version, absent: 1) is one.
 
 The epoch key exists so a commit can be fenced by a value compare: ISR-only changes rewrite
 `partitions/<topic_id>/<p>` without touching it, so they never fence a leader.
@@ -40,7 +46,8 @@ from urllib.parse import quote, unquote
 
 from stratalog.coordinator.kv import (
     KV, CoordinatorError, CoordinatorUnavailable, Delete, DeletePrefix, Op, Put,
-    RequestTooLarge, absent, exists, mod_is, request_bytes, value_is)
+    RequestTooLarge, UnsupportedFormat, absent, exists, mod_is, request_bytes,
+    unsupported_version, value_is)
 from stratalog.coordinator.model import (
     CommittedOffset, Fenced, LogState, PartitionState, SegmentEntry, TopicExists, TopicInfo,
     UnknownTopic, WalObject, WalRange)
@@ -54,6 +61,9 @@ _REQUEST_BUDGET = 0.85
 _SPLIT_COMMIT_ATTEMPTS = 8
 # What decoding a malformed stored value can raise.
 _BAD = (KeyError, TypeError, ValueError, AttributeError)
+
+KEYSPACE_VERSION = 1  # written; readers take OLDEST_READABLE_KEYSPACE..KEYSPACE_VERSION
+OLDEST_READABLE_KEYSPACE = 1
 
 
 def _dumps(obj: Any) -> bytes:
@@ -346,6 +356,30 @@ class KVClusterStore:
         await self.kv.close()
 
     # --- cluster -------------------------------------------------------------------------
+
+    async def check_keyspace(self, mark: bool = True) -> int:
+        """The keyspace's format version, 1 when unmarked (as 0.1.0 left it); UnsupportedFormat
+        for one this code does not read. With `mark`, an unmarked keyspace (0.1.0's, or a
+        new one) is marked with KEYSPACE_VERSION."""
+        key = self._k("keyspace_version")
+        while True:
+            got = await self.kv.get(key)
+            if got is not None:
+                version = _loads(key, got[0])
+                if not isinstance(version, int) or isinstance(version, bool):
+                    raise CoordinatorError(f"corrupt coordinator value at {key}: {got[0]!r}")
+                if not OLDEST_READABLE_KEYSPACE <= version <= KEYSPACE_VERSION:
+                    raise UnsupportedFormat(unsupported_version(
+                        f"coordinator keyspace {self.prefix}", version, OLDEST_READABLE_KEYSPACE,
+                        KEYSPACE_VERSION))
+                return version
+            if not mark:
+                return 1
+            # Version 1 is 0.1.0's layout unchanged, so marking is all an unmarked keyspace
+            # needs; whoever bumps KEYSPACE_VERSION migrates version 1 here first.
+            if await self.kv.txn([absent(key)], [Put(key, _dumps(KEYSPACE_VERSION))]):
+                return KEYSPACE_VERSION
+            # Another gateway marked it meanwhile: read what it wrote.
 
     async def cluster_id(self) -> str:
         if self._cluster_id is None:

@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stratalog.coordinator import open_coordinator
+from stratalog.coordinator import UnsupportedFormat, open_coordinator
 from stratalog.tiering.objectstore import open_store
 
 from .broker import Broker
@@ -65,7 +65,7 @@ class Gateway:
             (self.data_dir / "objects").mkdir(exist_ok=True)
         try:
             self._store = open_coordinator(self.options.coordinator, self.data_dir)
-        except (ValueError, OSError) as e:
+        except (ValueError, OSError, UnsupportedFormat) as e:
             raise StartupError(f"coordinator: {e}") from None
         store_options = dict(self.options.store_options)
         if self.object_store_url.startswith("s3://"):
@@ -107,7 +107,10 @@ class Gateway:
                 await self.http.start()
             except OSError as e:
                 raise StartupError(f"cannot listen for HTTP on {host}:{port}: {e.strerror or e}") from None
-        await self.broker.start()
+        try:
+            await self.broker.start()
+        except UnsupportedFormat as e:
+            raise StartupError(str(e)) from None
         # Clients are accepted only now: a request before the broker knows its topics would
         # be answered wrongly (UNKNOWN_TOPIC for a topic that exists).
         await self.server.start()

@@ -121,6 +121,8 @@ class Broker:
     # ---- lifecycle ---------------------------------------------------------------------
 
     async def start(self) -> None:
+        # First, before anything is read or written: refuse a newer keyspace, mark an old one.
+        await self._starting("check the coordinator's format", self.store.check_keyspace)
         self.cluster_id = await self._starting("read the cluster id", self.store.cluster_id)
         # The listener is already accepting (app.py binds before starting the broker), and
         # recovering led partitions below can take a while: load the topic list first so a

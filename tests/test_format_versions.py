@@ -10,14 +10,20 @@ really wrote is opened in test_upgrade.py.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import sqlite3
 import uuid
 from pathlib import Path
 
 import pytest
 
 from stratalog.coordinator import open_coordinator
+from stratalog.coordinator.embedded import DB_FILE, EmbeddedKV
+from stratalog.coordinator.etcd import EtcdKV
+from stratalog.coordinator.kv import UnsupportedFormat as CoordinatorFormat
 from stratalog.coordinator.model import PartitionState, WalObject, WalRange
+from stratalog.coordinator.store import KEYSPACE_VERSION, KVClusterStore
 from stratalog.gateway.partition import PartitionLog
 from stratalog.gateway.replica import ReplicaView
 from stratalog.tiering import manifest, wal
@@ -25,6 +31,8 @@ from stratalog.tiering.batch import build_batch
 from stratalog.tiering.errors import CorruptObject, UnsupportedFormat
 from stratalog.tiering.objectstore import open_store
 from stratalog.tiering.remote import RemoteCache
+
+from etcd_fixture import etcd_server  # noqa: F401 - fixture
 
 TID = uuid.UUID("0b6f7c1e-2d3a-4e55-9a77-5b1c2d3e4f60")
 NEWER = "has format version 2; this Stratalog reads version 1: upgrade the gateway"
@@ -129,3 +137,65 @@ def test_manifest_versions():
     assert str(e.value) == f"manifest manifests/t-x/0/00000000000000000005.avro {NEWER}"
     with pytest.raises(CorruptObject, match="no readable stratalog.manifest.format"):
         manifest.read_manifest(data.replace(field + b"1", field + b"x"))
+
+
+# ---- the embedded database --------------------------------------------------------------
+
+def _files(directory: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+def test_embedded_database_of_a_newer_version_is_refused_untouched(tmp_path):
+    run(EmbeddedKV(tmp_path).close())
+    with sqlite3.connect(tmp_path / DB_FILE) as db:
+        db.execute("UPDATE meta SET value=2 WHERE name='format'")
+        db.execute("ALTER TABLE kv RENAME TO kv2")  # as a newer schema might: no table kv
+    db.close()
+    before = _files(tmp_path)
+    with pytest.raises(CoordinatorFormat) as e:
+        EmbeddedKV(tmp_path)
+    assert str(e.value) == f"embedded coordinator database {tmp_path / DB_FILE} {NEWER}"
+    assert _files(tmp_path) == before
+    # The refusal let go of the directory's lock: put back, the version opens again.
+    with sqlite3.connect(tmp_path / DB_FILE) as db:
+        db.execute("UPDATE meta SET value=1 WHERE name='format'")
+        db.execute("ALTER TABLE kv2 RENAME TO kv")
+    db.close()
+    run(EmbeddedKV(tmp_path).close())
+
+
+# ---- the coordinator keyspace (both backends) -------------------------------------------
+
+@pytest.fixture(params=["embedded", "etcd"])
+def kv_factory(request, tmp_path):
+    if request.param == "embedded":
+        return lambda: EmbeddedKV(tmp_path / "coord")
+    server = request.getfixturevalue("etcd_server")
+    return lambda: EtcdKV([server.endpoint])
+
+
+def test_keyspace_versions(kv_factory):
+    cluster = f"v{uuid.uuid4().hex[:10]}"
+
+    async def go():
+        store = KVClusterStore(kv_factory(), cluster)
+        key = store.prefix + "keyspace_version"
+        try:
+            # As 0.1.0 left a keyspace: data, no version key. Read as 1, marked only on request.
+            await store.kv.put(store.prefix + "cluster_id", b'"c"')
+            assert await store.check_keyspace(mark=False) == 1
+            assert await store.kv.get(key) is None
+            assert await store.check_keyspace() == KEYSPACE_VERSION
+            assert (await store.kv.get(key))[0] == str(KEYSPACE_VERSION).encode()
+            assert await store.check_keyspace() == KEYSPACE_VERSION
+            await store.kv.put(key, b"2")
+            for mark in (True, False):
+                with pytest.raises(CoordinatorFormat) as e:
+                    await store.check_keyspace(mark=mark)
+                assert str(e.value) == f"coordinator keyspace /stratalog/{cluster}/ {NEWER}"
+            assert (await store.kv.get(key))[0] == b"2"
+        finally:
+            await store.kv.delete_prefix(store.prefix)
+            await store.close()
+    run(go())
