@@ -10,6 +10,7 @@ from pathlib import Path
 from stratalog.coordinator import UnsupportedFormat, open_coordinator
 from stratalog.tiering.objectstore import open_store
 
+from . import datadir
 from .broker import Broker
 from .config import BrokerConfig
 from .http import HttpServer
@@ -61,6 +62,10 @@ class Gateway:
 
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            datadir.check(self.data_dir)  # before anything in it is opened
+        except datadir.UnsupportedDataDir as e:
+            raise StartupError(str(e)) from None
         if self.options.object_store is None:
             (self.data_dir / "objects").mkdir(exist_ok=True)
         try:
@@ -111,6 +116,7 @@ class Gateway:
             await self.broker.start()
         except UnsupportedFormat as e:
             raise StartupError(str(e)) from None
+        datadir.mark(self.data_dir)  # every format check has passed
         # Clients are accepted only now: a request before the broker knows its topics would
         # be answered wrongly (UNKNOWN_TOPIC for a topic that exists).
         await self.server.start()

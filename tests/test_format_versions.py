@@ -13,6 +13,8 @@ import asyncio
 import hashlib
 import json
 import sqlite3
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from stratalog.coordinator.etcd import EtcdKV
 from stratalog.coordinator.kv import UnsupportedFormat as CoordinatorFormat
 from stratalog.coordinator.model import PartitionState, WalObject, WalRange
 from stratalog.coordinator.store import KEYSPACE_VERSION, KVClusterStore
+from stratalog.gateway import datadir
 from stratalog.gateway.partition import PartitionLog
 from stratalog.gateway.replica import ReplicaView
 from stratalog.tiering import manifest, wal
@@ -32,6 +35,7 @@ from stratalog.tiering.errors import CorruptObject, UnsupportedFormat
 from stratalog.tiering.objectstore import open_store
 from stratalog.tiering.remote import RemoteCache
 
+from conftest import ROOT
 from etcd_fixture import etcd_server  # noqa: F401 - fixture
 
 TID = uuid.UUID("0b6f7c1e-2d3a-4e55-9a77-5b1c2d3e4f60")
@@ -199,3 +203,58 @@ def test_keyspace_versions(kv_factory):
             await store.kv.delete_prefix(store.prefix)
             await store.close()
     run(go())
+
+
+# ---- the data directory -----------------------------------------------------------------
+
+def test_data_directory_versions(tmp_path):
+    assert datadir.check(tmp_path) == 1  # no marker: 0.1.0
+    datadir.mark(tmp_path)
+    assert (tmp_path / datadir.MARKER).read_text() == f"{datadir.FORMAT_VERSION}\n"
+    assert datadir.check(tmp_path) == datadir.FORMAT_VERSION
+    (tmp_path / datadir.MARKER).write_text("2\n")
+    with pytest.raises(datadir.UnsupportedDataDir) as e:
+        datadir.check(tmp_path)
+    assert str(e.value) == f"data directory {tmp_path} {NEWER}"
+    (tmp_path / datadir.MARKER).write_text("two\n")
+    with pytest.raises(datadir.UnsupportedDataDir, match="does not hold a format version"):
+        datadir.check(tmp_path)
+
+
+# ---- what `serve` says ------------------------------------------------------------------
+
+def _newer_marker(d: Path) -> str:
+    d.mkdir()
+    (d / datadir.MARKER).write_text("2\n")
+    return f"data directory {d.resolve()} {NEWER}"
+
+
+def _newer_database(d: Path) -> str:
+    run(EmbeddedKV(d).close())
+    with sqlite3.connect(d / DB_FILE) as db:
+        db.execute("UPDATE meta SET value=2 WHERE name='format'")
+    db.close()
+    return f"coordinator: embedded coordinator database {d.resolve() / DB_FILE} {NEWER}"
+
+
+def _newer_keyspace(d: Path) -> str:
+    kv = EmbeddedKV(d)
+    run(kv.put("/stratalog/default/keyspace_version", b"2"))
+    run(kv.close())
+    return f"coordinator keyspace /stratalog/default/ {NEWER}"
+
+
+@pytest.mark.parametrize("make", [_newer_marker, _newer_database, _newer_keyspace],
+                         ids=["data-directory", "embedded-database", "keyspace"])
+def test_serve_refuses_a_newer_format_in_one_line(tmp_path, make):
+    d = tmp_path / "data"
+    message = make(d)
+    before = sorted(p.relative_to(d).as_posix() for p in d.rglob("*"))
+    proc = subprocess.run([sys.executable, "-m", "stratalog.infra.cli", "serve", "--http", "off",
+                           "--listen", "127.0.0.1:0", "--data-dir", str(d)],
+                          cwd=ROOT, capture_output=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.decode().splitlines() == [f"stratalog: error: {message}"]
+    if make is _newer_marker:  # refused before anything was created in it
+        assert sorted(p.relative_to(d).as_posix() for p in d.rglob("*")) == before
+    assert (d / datadir.MARKER).exists() == (make is _newer_marker)

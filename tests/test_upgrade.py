@@ -15,12 +15,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+import sqlite3
 from pathlib import Path
 
 import pytest
 
-from cluster_fixtures import etcd, moto_s3  # noqa: F401 - fixtures
+from cluster_fixtures import coordinator_call, etcd, moto_s3  # noqa: F401 - fixtures
 from conftest import ROOT
+from stratalog.coordinator.store import KEYSPACE_VERSION
+from stratalog.gateway import datadir
 
 ck = pytest.importorskip("confluent_kafka", reason="confluent-kafka is not installed")
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
@@ -118,8 +121,16 @@ def test_embedded_data_directory_opens_with_todays_gateway(version, gateway_fact
     expected = _expected(folder)
     data = tmp_path / "data"
     shutil.copytree(folder / "data", data)
+    assert not (data / datadir.MARKER).exists()  # 0.1.0 wrote no versions
     gw = gateway_factory(settings=expected["open_with"], data_dir=data)
     _check_same(expected, tool.observe(gw.bootstrap, expected["plan"]))
+    # Today's gateway marked what it opened with the versions it writes.
+    assert (data / datadir.MARKER).read_text() == f"{datadir.FORMAT_VERSION}\n"
+    with sqlite3.connect(f"file:{data / 'coordinator.sqlite3'}?mode=ro", uri=True) as db:
+        (version,) = db.execute("SELECT value FROM kv WHERE key = ?",
+                                (b"/stratalog/default/keyspace_version",)).fetchone()
+    db.close()
+    assert json.loads(version) == KEYSPACE_VERSION
     _keeps_working(gw, expected)
 
 
@@ -136,4 +147,6 @@ def test_cluster_keyspace_and_bucket_open_with_todays_gateway(version, etcd, mot
         "--coordinator", etcd.url, "--object-store", moto_s3.url,
         "--s3-endpoint", moto_s3.endpoint, "--s3-path-style"])
     _check_same(expected, tool.observe(gw.bootstrap, expected["plan"]))
+    got = coordinator_call(etcd.url, lambda s: s.kv.get(s.prefix + "keyspace_version"))
+    assert got is not None and json.loads(got[0]) == KEYSPACE_VERSION
     _keeps_working(gw, expected)
