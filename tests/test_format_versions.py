@@ -4,7 +4,7 @@ with one message naming both, before reading or changing anything, so it never m
 
 Each test writes a newer version by hand. Kafka's own formats in segments are versioned by
 Kafka (the batch magic byte: test_batch.py refuses magic other than 2). What releases
-really wrote is opened in test_upgrade.py.
+really wrote is opened in test_upgrade.py; docs/formats.md lists the formats.
 """
 
 from __future__ import annotations
