@@ -121,10 +121,9 @@ def test_embedded_data_directory_opens_with_todays_gateway(version, gateway_fact
     expected = _expected(folder)
     data = tmp_path / "data"
     shutil.copytree(folder / "data", data)
-    assert not (data / datadir.MARKER).exists()  # 0.1.0 wrote no versions
     gw = gateway_factory(settings=expected["open_with"], data_dir=data)
     _check_same(expected, tool.observe(gw.bootstrap, expected["plan"]))
-    # Today's gateway marked what it opened with the versions it writes.
+    # Today's gateway marked what it opened (0.1.0 wrote no markers) with its versions.
     assert (data / datadir.MARKER).read_text() == f"{datadir.FORMAT_VERSION}\n"
     with sqlite3.connect(f"file:{data / 'coordinator.sqlite3'}?mode=ro", uri=True) as db:
         (version,) = db.execute("SELECT value FROM kv WHERE key = ?",
