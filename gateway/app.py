@@ -11,7 +11,7 @@ from stratalog.coordinator import UnsupportedFormat, open_coordinator
 from stratalog.tiering.objectstore import open_store
 
 from . import datadir
-from .broker import Broker
+from .broker import Broker, start_step
 from .config import BrokerConfig
 from .http import HttpServer
 from .metrics import GatewayMetrics
@@ -72,6 +72,12 @@ class Gateway:
             self._store = open_coordinator(self.options.coordinator, self.data_dir)
         except (ValueError, OSError, UnsupportedFormat) as e:
             raise StartupError(f"coordinator: {e}") from None
+        try:
+            # Before anything reads or writes the keyspace (a broker id is allocated below):
+            # refuse a newer one, mark an old one.
+            await start_step("check the coordinator's format", self._store.check_keyspace)
+        except UnsupportedFormat as e:
+            raise StartupError(str(e)) from None
         store_options = dict(self.options.store_options)
         if self.object_store_url.startswith("s3://"):
             store_options.setdefault("connect_timeout", self.config["s3.connect.timeout.ms"] / 1000)
@@ -112,10 +118,7 @@ class Gateway:
                 await self.http.start()
             except OSError as e:
                 raise StartupError(f"cannot listen for HTTP on {host}:{port}: {e.strerror or e}") from None
-        try:
-            await self.broker.start()
-        except UnsupportedFormat as e:
-            raise StartupError(str(e)) from None
+        await self.broker.start()
         datadir.mark(self.data_dir)  # every format check has passed
         # Clients are accepted only now: a request before the broker knows its topics would
         # be answered wrongly (UNKNOWN_TOPIC for a topic that exists).

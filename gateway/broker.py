@@ -51,6 +51,25 @@ def _segment_base(key: str) -> str | None:
     return None
 
 
+async def start_step(what: str, step):
+    """Run one start-up step, retrying while the coordinator or the store is briefly
+    unreachable (a restart during an outage, or a loaded machine) for up to
+    START_RETRY_S; then the error ends the start. Each step may be run again: nothing
+    in it commits anything before it can fail."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + START_RETRY_S
+    delay = 0.1
+    while True:
+        try:
+            return await step()
+        except (CoordinatorUnavailable, ObjectStoreError) as e:
+            if loop.time() + delay > deadline:
+                raise
+            log.warning("start: could not %s, retrying in %.1fs: %s", what, delay, e)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
 def validate_topic_name(name: str) -> None:
     if not name or name in (".", "..") or not TOPIC_NAME.match(name):
         raise KafkaError(ErrorCode.INVALID_TOPIC_EXCEPTION,
@@ -121,8 +140,6 @@ class Broker:
     # ---- lifecycle ---------------------------------------------------------------------
 
     async def start(self) -> None:
-        # First, before anything is read or written: refuse a newer keyspace, mark an old one.
-        await self._starting("check the coordinator's format", self.store.check_keyspace)
         self.cluster_id = await self._starting("read the cluster id", self.store.cluster_id)
         # The listener is already accepting (app.py binds before starting the broker), and
         # recovering led partitions below can take a while: load the topic list first so a
@@ -141,22 +158,7 @@ class Broker:
         self.started = True
 
     async def _starting(self, what: str, step):
-        """Run one start-up step, retrying while the coordinator or the store is briefly
-        unreachable (a restart during an outage, or a loaded machine) for up to
-        START_RETRY_S; then the error ends the start. Each step may be run again: nothing
-        in it commits anything before it can fail."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + START_RETRY_S
-        delay = 0.1
-        while True:
-            try:
-                return await step()
-            except (CoordinatorUnavailable, ObjectStoreError) as e:
-                if loop.time() + delay > deadline:
-                    raise
-                log.warning("start: could not %s, retrying in %.1fs: %s", what, delay, e)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+        return await start_step(what, step)
 
     async def stop(self) -> None:
         for t in self._tasks:

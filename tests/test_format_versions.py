@@ -258,3 +258,27 @@ def test_serve_refuses_a_newer_format_in_one_line(tmp_path, make):
     if make is _newer_marker:  # refused before anything was created in it
         assert sorted(p.relative_to(d).as_posix() for p in d.rglob("*")) == before
     assert (d / datadir.MARKER).exists() == (make is _newer_marker)
+
+
+def test_serve_leaves_a_newer_etcd_keyspace_untouched(etcd_server, tmp_path):
+    """Without --broker-id a gateway on etcd allocates one: not in a keyspace it refuses."""
+    prefix = "/stratalog/default/"
+
+    async def keys(put: bytes | None = None) -> dict:
+        kv = EtcdKV([etcd_server.endpoint])
+        try:
+            if put is not None:
+                await kv.delete_prefix(prefix)
+                await kv.put(prefix + "keyspace_version", put)
+            return {k: v for k, v, _ in await kv.range(prefix)}
+        finally:
+            await kv.close()
+
+    before = run(keys(put=b"2"))
+    proc = subprocess.run([sys.executable, "-m", "stratalog.infra.cli", "serve", "--http", "off",
+                           "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "d"),
+                           "--coordinator", etcd_server.url],
+                          cwd=ROOT, capture_output=True, timeout=60)
+    assert proc.stderr.decode().splitlines() == [
+        f"stratalog: error: coordinator keyspace {prefix} {NEWER}"]
+    assert run(keys()) == before
