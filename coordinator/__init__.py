@@ -7,11 +7,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from stratalog.coordinator.kv import CoordinatorError, CoordinatorUnavailable, DataDirInUse, RequestTooLarge
+from stratalog.coordinator.kv import (CoordinatorError, CoordinatorUnavailable, DataDirInUse,
+                                      RequestTooLarge, UnsupportedFormat)
 from stratalog.coordinator.store import KVClusterStore
 
 __all__ = ["open_coordinator", "KVClusterStore", "CoordinatorError", "CoordinatorUnavailable",
-           "DataDirInUse", "RequestTooLarge"]
+           "DataDirInUse", "RequestTooLarge", "UnsupportedFormat"]
 
 
 def open_coordinator(url: str | None, data_dir: Path, cluster: str = "default",

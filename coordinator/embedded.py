@@ -4,7 +4,13 @@ Layout of `<data_dir>/coordinator.sqlite3` (WAL journal, synchronous=FULL, so a 
 that returned has been fsynced and survives kill -9):
 
     kv(key BLOB PRIMARY KEY, value BLOB, mod_rev, create_rev, version, lease)
-    meta(name TEXT PRIMARY KEY, value INTEGER)   -- format (1), revision, next_lease
+    meta(name TEXT PRIMARY KEY, value INTEGER)   -- format, revision, next_lease
+
+`meta.format` is this schema's version, FORMAT_VERSION when created. Opening reads it before
+touching anything else (no journal switch, no CREATE) and refuses a version outside
+OLDEST_READABLE_VERSION..FORMAT_VERSION, so a newer database is neither misread nor
+altered. What the keys and values mean is versioned apart, in the keyspace
+(`coordinator.store`).
 
 Invariants: `meta.revision` is the global revision; every row's mod_rev <= revision; keys
 are UTF-8 bytes so SQLite's memcmp order is etcd's key order. `<data_dir>/coordinator.lock`
@@ -32,9 +38,11 @@ from typing import Callable, Sequence
 
 from stratalog.coordinator.kv import (
     DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, Compare, CoordinatorError, DataDirInUse,
-    Delete, DeletePrefix, Event, Op, Put, Watch, check_txn, prefix_end)
+    Delete, DeletePrefix, Event, Op, Put, UnsupportedFormat, Watch, check_txn, prefix_end,
+    unsupported_version)
 
-FORMAT = 1
+FORMAT_VERSION = 1  # written; readers take OLDEST_READABLE_VERSION..FORMAT_VERSION
+OLDEST_READABLE_VERSION = 1
 DB_FILE = "coordinator.sqlite3"
 LOCK_FILE = "coordinator.lock"
 
@@ -118,6 +126,7 @@ class EmbeddedKV:
     def _init_schema(self, path: Path) -> None:
         w = self._writer
         try:
+            self._check_format(path)
             mode = w.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             w.execute("PRAGMA synchronous=FULL")
             w.executescript(_SCHEMA)
@@ -130,15 +139,25 @@ class EmbeddedKV:
         if row is None:
             w.execute("BEGIN IMMEDIATE")
             w.executemany("INSERT OR IGNORE INTO meta(name, value) VALUES (?, ?)",
-                          [("format", FORMAT), ("revision", 1), ("next_lease", 1)])
+                          [("format", FORMAT_VERSION), ("revision", 1), ("next_lease", 1)])
             w.execute("COMMIT")
-        elif row[0] != FORMAT:
-            raise CoordinatorError(
-                f"{path} has coordinator format {row[0]}; this version reads format {FORMAT}")
         missing = {"revision", "next_lease"} - {
             r[0] for r in w.execute("SELECT name FROM meta")}
         if missing:
             raise CoordinatorError(f"{path} is damaged: meta rows {sorted(missing)} are missing")
+
+    def _check_format(self, path: Path) -> None:
+        """Refuse a database whose schema version this code does not read, before any change."""
+        w = self._writer
+        if w.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone() is None:
+            return  # a new database
+        row = w.execute("SELECT value FROM meta WHERE name='format'").fetchone()
+        if row is None:
+            return  # created, then interrupted before its meta rows: finished by _init_schema
+        if not (isinstance(row[0], int) and OLDEST_READABLE_VERSION <= row[0] <= FORMAT_VERSION):
+            raise UnsupportedFormat(unsupported_version(
+                f"embedded coordinator database {path}", row[0], OLDEST_READABLE_VERSION,
+                FORMAT_VERSION))
 
     def _drop_stale_leased_keys(self) -> None:
         def drop() -> list[Event]:

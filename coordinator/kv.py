@@ -42,6 +42,20 @@ class DataDirInUse(CoordinatorError):
     """Another process holds the embedded coordinator's data directory."""
 
 
+class UnsupportedFormat(CoordinatorError):
+    """Stored metadata in a format version this Stratalog cannot read (written by a newer
+    one): refused before anything is read or written, so it is never misread."""
+
+
+def unsupported_version(what: str, found: object, oldest: int, newest: int) -> str:
+    """The wording of every refusal of a format version, naming both versions (the same
+    as tiering's, which coordinator may not import)."""
+    reads = f"version {newest}" if oldest == newest else f"versions {oldest}-{newest}"
+    advice = "upgrade the gateway" if isinstance(found, int) and found > newest else \
+        "it was not written by a Stratalog this one can read"
+    return f"{what} has format version {found}; this Stratalog reads {reads}: {advice}"
+
+
 CompareTarget = Literal["value", "mod", "version"]
 CompareOp = Literal["==", "!=", "<", ">"]
 

@@ -67,6 +67,8 @@ class WalRange:
     position: int  # byte offset of the first batch in the WAL object
     length: int  # bytes of batches
     max_timestamp: int
+    # The format version of the WAL object holding it (its entry's; see WalObject).
+    format_version: int = 1
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,10 @@ class WalObject:
     sequence: int
     key: str  # object-store key
     ranges: tuple[WalRange, ...]
+    # The object's format version (tiering.wal.FORMAT_VERSION when written), stored in
+    # its entry so a reader of one range can refuse a format it does not know without
+    # fetching the object's header. Entries written by 0.1.0 have none: version 1.
+    format_version: int = 1
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,9 @@ class CommittedOffset:
 
 class ClusterStore(Protocol):
     """What the gateway and tools ask of the coordinator. Every method is a coroutine."""
+
+    async def check_keyspace(self, mark: bool = True) -> int:
+        """The keyspace's format version; refuses a newer one, marks an unmarked one."""
 
     async def cluster_id(self) -> str:
         """The cluster's id, created on first use."""

@@ -1,12 +1,21 @@
 """`KVClusterStore`: the cluster model of `coordinator.model` over any `KV` backend.
 
 Keys live under `/stratalog/<cluster>/` as model.py lists them, values are compact JSON
-(UUIDs as strings, names percent-quoted inside keys). Three keys are added to that list:
+(UUIDs as strings, names percent-quoted inside keys). Four keys are added to that list:
 
+    keyspace_version                  -> KEYSPACE_VERSION of the layout below (absent: 1)
     partitions/<topic_id>/<p>/epoch   -> leader epoch as a decimal integer
     fence_generation                  -> rewritten whenever any leader epoch changes
     index_deletions                   -> rewritten by every transaction that deletes
                                          topic, log, segment or WAL keys
+
+`keyspace_version` versions every key and value here, the idempotent producer snapshot in
+segment entries (gateway.producers) included: a change to any of them bumps
+KEYSPACE_VERSION. 0.1.0 wrote no such key, so a keyspace without it is version 1;
+`check_keyspace` refuses a version outside OLDEST_READABLE_KEYSPACE..KEYSPACE_VERSION and
+marks an unmarked keyspace. Additions that older readers ignore (a new field in a JSON
+value, a new key outside the prefixes they read) need no bump: a WAL entry's `format`
+(the WAL object's format version, absent: 1) is one.
 
 The epoch key exists so a commit can be fenced by a value compare: ISR-only changes rewrite
 `partitions/<topic_id>/<p>` without touching it, so they never fence a leader.
@@ -31,13 +40,14 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 from urllib.parse import quote, unquote
 
 from stratalog.coordinator.kv import (
     KV, CoordinatorError, CoordinatorUnavailable, Delete, DeletePrefix, Op, Put,
-    RequestTooLarge, absent, exists, mod_is, request_bytes, value_is)
+    RequestTooLarge, UnsupportedFormat, absent, exists, mod_is, request_bytes,
+    unsupported_version, value_is)
 from stratalog.coordinator.model import (
     CommittedOffset, Fenced, LogState, PartitionState, SegmentEntry, TopicExists, TopicInfo,
     UnknownTopic, WalObject, WalRange)
@@ -51,6 +61,9 @@ _REQUEST_BUDGET = 0.85
 _SPLIT_COMMIT_ATTEMPTS = 8
 # What decoding a malformed stored value can raise.
 _BAD = (KeyError, TypeError, ValueError, AttributeError)
+
+KEYSPACE_VERSION = 1  # written; readers take OLDEST_READABLE_KEYSPACE..KEYSPACE_VERSION
+OLDEST_READABLE_KEYSPACE = 1
 
 
 def _dumps(obj: Any) -> bytes:
@@ -105,11 +118,11 @@ def _range_dict(r: WalRange) -> dict:
             "position": r.position, "length": r.length, "max_timestamp": r.max_timestamp}
 
 
-def _ranges(key: str, items: Any) -> list[WalRange]:
+def _ranges(key: str, items: Any, format_version: int = 1) -> list[WalRange]:
     try:
         return [WalRange(uuid.UUID(d["topic_id"]), int(d["partition"]), int(d["base_offset"]),
                          int(d["last_offset"]), int(d["position"]), int(d["length"]),
-                         int(d["max_timestamp"])) for d in items]
+                         int(d["max_timestamp"]), format_version) for d in items]
     except _BAD as e:
         raise CoordinatorError(f"corrupt WAL ranges at {key}: {e!r}") from None
 
@@ -225,16 +238,18 @@ class _Index:
             if head is None:
                 continue
             key = f"wal/{ws[0]}/{ws[1]:020d}"
-            ranges = _ranges(key, head.get("ranges") or [])
+            fmt = head.get("format", 1)  # 0.1.0 wrote no format: version 1
             n = head.get("parts") or 0
-            if not isinstance(n, int) or not isinstance(head.get("key"), str):
+            if not isinstance(n, int) or not isinstance(head.get("key"), str) \
+                    or not isinstance(fmt, int) or isinstance(fmt, bool):
                 raise CoordinatorError(f"corrupt WAL entry at {key}")
+            ranges = _ranges(key, head.get("ranges") or [], fmt)
             parts = self.wal_parts.get(ws, {})
             if any(i not in parts for i in range(n)):
                 raise CoordinatorError(f"WAL entry {key} names {n} parts but some are missing")
             for i in range(n):
-                ranges += parts[i]
-            obj = WalObject(ws[0], ws[1], str(head.get("key")), tuple(ranges))
+                ranges += [replace(r, format_version=fmt) for r in parts[i]]
+            obj = WalObject(ws[0], ws[1], str(head.get("key")), tuple(ranges), fmt)
             self.objects[ws] = obj
             grouped: dict[TP, list[WalRange]] = {}
             for r in ranges:
@@ -341,6 +356,30 @@ class KVClusterStore:
         await self.kv.close()
 
     # --- cluster -------------------------------------------------------------------------
+
+    async def check_keyspace(self, mark: bool = True) -> int:
+        """The keyspace's format version, 1 when unmarked (as 0.1.0 left it); UnsupportedFormat
+        for one this code does not read. With `mark`, an unmarked keyspace (0.1.0's, or a
+        new one) is marked with KEYSPACE_VERSION."""
+        key = self._k("keyspace_version")
+        while True:
+            got = await self.kv.get(key)
+            if got is not None:
+                version = _loads(key, got[0])
+                if not isinstance(version, int) or isinstance(version, bool):
+                    raise CoordinatorError(f"corrupt coordinator value at {key}: {got[0]!r}")
+                if not OLDEST_READABLE_KEYSPACE <= version <= KEYSPACE_VERSION:
+                    raise UnsupportedFormat(unsupported_version(
+                        f"coordinator keyspace {self.prefix}", version, OLDEST_READABLE_KEYSPACE,
+                        KEYSPACE_VERSION))
+                return version
+            if not mark:
+                return 1
+            # Version 1 is 0.1.0's layout unchanged, so marking is all an unmarked keyspace
+            # needs; whoever bumps KEYSPACE_VERSION migrates version 1 here first.
+            if await self.kv.txn([absent(key)], [Put(key, _dumps(KEYSPACE_VERSION))]):
+                return KEYSPACE_VERSION
+            # Another gateway marked it meanwhile: read what it wrote.
 
     async def cluster_id(self) -> str:
         if self._cluster_id is None:
@@ -664,7 +703,8 @@ class KVClusterStore:
         order = sorted(epochs, key=lambda tp: (str(tp[0]), tp[1]))
         compares = [value_is(self._epoch_key(*tp), _dumps(epochs[tp])) for tp in order]
         wkey = self._wal_key(obj.gateway_id, obj.sequence)
-        whole = Put(wkey, _dumps({"key": obj.key, "ranges": [_range_dict(r) for r in obj.ranges]}))
+        whole = Put(wkey, _dumps({"key": obj.key, "format": obj.format_version,
+                                  "ranges": [_range_dict(r) for r in obj.ranges]}))
         if self._fits(compares, [whole]):
             if not await self.kv.txn(compares, [whole]):
                 if await self._already_committed(whole):
@@ -695,7 +735,8 @@ class KVClusterStore:
     async def _commit_wal_split(self, obj: WalObject, epochs: dict[TP, int], order: list[TP],
                                 grouped: dict[TP, list[dict]], wkey: str) -> None:
         chunks = self._plan_chunks(order, epochs, grouped)
-        header = Put(wkey, _dumps({"key": obj.key, "ranges": [], "parts": len(chunks)}))
+        header = Put(wkey, _dumps({"key": obj.key, "format": obj.format_version, "ranges": [],
+                                   "parts": len(chunks)}))
         for _ in range(_SPLIT_COMMIT_ATTEMPTS):
             got = await self.kv.get(self._gen_key)
             fence = mod_is(self._gen_key, got[1] if got else 0)

@@ -24,6 +24,7 @@ from stratalog.tiering.index import OffsetIndex, TimeIndex
 from stratalog.tiering.objectstore.base import ObjectStore
 from stratalog.tiering.remote import RemoteCache
 from stratalog.tiering.segment import ActiveSegment
+from stratalog.tiering.wal import check_version as check_wal_version
 
 from .errors import CorruptLog, NotLeader
 from .producers import BatchMeta, OutOfOrderSequence, ProducerTable
@@ -96,6 +97,7 @@ class PartitionLog:
                                         now_ms=now_ms)
         p.next_offset = start
         for key, r in ranges:
+            check_wal_version(r.format_version, key)  # header and trailer are not fetched
             data = await objects.get(key, r.position, r.position + r.length)
             batches, valid = scan_batches(data, validate_crc=True)
             if valid != len(data) or not batches:

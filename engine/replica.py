@@ -14,6 +14,7 @@ import uuid
 from stratalog.coordinator.model import ClusterStore, SegmentEntry, WalRange
 from stratalog.tiering.batch import scan_batches
 from stratalog.tiering.remote import RemoteCache
+from stratalog.tiering.wal import check_version as check_wal_version
 
 from .partition import read_sealed_log, trim_batches
 
@@ -38,6 +39,7 @@ class ReplicaView:
         start = sealed[-1].last_offset + 1 if sealed else state.log_start_offset
         wal = await store.wal_ranges(self.topic_id, self.partition, start)
         for key, r in wal:
+            check_wal_version(r.format_version, key)
             if (key, r.position) not in self._warmed:
                 await cache.read(key, r.position, r.position + r.length)
                 self._warmed.add((key, r.position))

@@ -20,7 +20,7 @@ from typing import Callable
 from stratalog.coordinator.model import ClusterStore, Fenced, WalObject, WalRange
 from stratalog.tiering import layout
 from stratalog.tiering.objectstore.base import ObjectStore
-from stratalog.tiering.wal import WalBuilder
+from stratalog.tiering.wal import FORMAT_VERSION as WAL_FORMAT_VERSION, WalBuilder
 
 log = logging.getLogger(__name__)
 
@@ -145,8 +145,9 @@ class WalWriter:
         seq = self.sequence
         self.sequence += 1
         ranges = tuple(WalRange(i.topic_id, i.partition, i.base_offset, i.last_offset,
-                                i.position, i.length, i.max_timestamp) for i in infos)
-        obj = WalObject(self.gateway_id, seq, key, ranges)
+                                i.position, i.length, i.max_timestamp, WAL_FORMAT_VERSION)
+                       for i in infos)
+        obj = WalObject(self.gateway_id, seq, key, ranges, WAL_FORMAT_VERSION)
         self.inflight = seq
         try:
             await self._retry("upload", lambda: self.objects.put(key, data))

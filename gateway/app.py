@@ -7,10 +7,11 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stratalog.coordinator import open_coordinator
+from stratalog.coordinator import UnsupportedFormat, open_coordinator
 from stratalog.tiering.objectstore import open_store
 
-from .broker import Broker
+from . import datadir
+from .broker import Broker, start_step
 from .config import BrokerConfig
 from .http import HttpServer
 from .metrics import GatewayMetrics
@@ -61,12 +62,22 @@ class Gateway:
 
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            datadir.check(self.data_dir)  # before anything in it is opened
+        except datadir.UnsupportedDataDir as e:
+            raise StartupError(str(e)) from None
         if self.options.object_store is None:
             (self.data_dir / "objects").mkdir(exist_ok=True)
         try:
             self._store = open_coordinator(self.options.coordinator, self.data_dir)
-        except (ValueError, OSError) as e:
+        except (ValueError, OSError, UnsupportedFormat) as e:
             raise StartupError(f"coordinator: {e}") from None
+        try:
+            # Before anything reads or writes the keyspace (a broker id is allocated below):
+            # refuse a newer one, mark an old one.
+            await start_step("check the coordinator's format", self._store.check_keyspace)
+        except UnsupportedFormat as e:
+            raise StartupError(str(e)) from None
         store_options = dict(self.options.store_options)
         if self.object_store_url.startswith("s3://"):
             store_options.setdefault("connect_timeout", self.config["s3.connect.timeout.ms"] / 1000)
@@ -107,6 +118,7 @@ class Gateway:
             except OSError as e:
                 raise StartupError(f"cannot listen for HTTP on {host}:{port}: {e.strerror or e}") from None
         await self.broker.start()
+        datadir.mark(self.data_dir)  # every format check has passed
         # Clients are accepted only now: a request before the broker knows its topics would
         # be answered wrongly (UNKNOWN_TOPIC for a topic that exists).
         await self.server.start()

@@ -32,6 +32,25 @@ START_RETRY_S = 60.0
 PRODUCER_ID_BLOCK = 1000
 
 
+async def start_step(what: str, step):
+    """Run one start-up step, retrying while the coordinator or the store is briefly
+    unreachable (a restart during an outage, or a loaded machine) for up to
+    START_RETRY_S; then the error ends the start. Each step may be run again: nothing
+    in it commits anything before it can fail."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + START_RETRY_S
+    delay = 0.1
+    while True:
+        try:
+            return await step()
+        except (CoordinatorUnavailable, ObjectStoreError) as e:
+            if loop.time() + delay > deadline:
+                raise
+            log.warning("start: could not %s, retrying in %.1fs: %s", what, delay, e)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
 class Broker:
     def __init__(self, config: BrokerConfig, *, node_id: int, advertised: tuple[str, int],
                  data_dir: Path, store: ClusterStore, objects: ObjectStore,
@@ -89,22 +108,7 @@ class Broker:
         self.started = True
 
     async def _starting(self, what: str, step):
-        """Run one start-up step, retrying while the coordinator or the store is briefly
-        unreachable (a restart during an outage, or a loaded machine) for up to
-        START_RETRY_S; then the error ends the start. Each step may be run again: nothing
-        in it commits anything before it can fail."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + START_RETRY_S
-        delay = 0.1
-        while True:
-            try:
-                return await step()
-            except (CoordinatorUnavailable, ObjectStoreError) as e:
-                if loop.time() + delay > deadline:
-                    raise
-                log.warning("start: could not %s, retrying in %.1fs: %s", what, delay, e)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+        return await start_step(what, step)
 
     async def stop(self) -> None:
         for t in self._tasks:

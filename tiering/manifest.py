@@ -20,9 +20,11 @@ exactly one record of this schema:
         leader_epoch    int
 
 Segments are sorted by base offset and do not overlap. The file's metadata carries
-`stratalog.manifest.format` ("1") and `stratalog.crc32c`: the CRC-32C (decimal) of the
+`stratalog.manifest.format` (FORMAT_VERSION in decimal, "1") and `stratalog.crc32c`: the CRC-32C (decimal) of the
 record's Avro binary encoding, so a flipped bit that still decodes is caught too. The
 sync marker is derived from the partition and version, so equal input gives equal bytes.
+A reader checks the format first and refuses one outside OLDEST_READABLE_VERSION..
+FORMAT_VERSION with UnsupportedFormat (a file without it is not a manifest).
 """
 
 from __future__ import annotations
@@ -35,9 +37,10 @@ from dataclasses import dataclass, field
 import crc32c
 import fastavro
 
-from stratalog.tiering.errors import CorruptObject
+from stratalog.tiering.errors import CorruptObject, UnsupportedFormat, unsupported_version
 
-FORMAT = "1"
+FORMAT_VERSION = 1  # written; readers take OLDEST_READABLE_VERSION..FORMAT_VERSION
+OLDEST_READABLE_VERSION = 1
 _META_FORMAT = "stratalog.manifest.format"
 _META_CRC = "stratalog.crc32c"
 NAMESPACE = "io.stratalog.manifest"
@@ -178,13 +181,15 @@ def write_manifest(
         [_record(manifest)],
         codec="null",
         sync_marker=sync,
-        metadata={_META_FORMAT: FORMAT, _META_CRC: str(crc)},
+        metadata={_META_FORMAT: str(FORMAT_VERSION), _META_CRC: str(crc)},
     )
     return buf.getvalue()
 
 
-def read_manifest(data: bytes | bytearray | memoryview) -> Manifest:
-    """Parse and check one manifest snapshot; CorruptObject if it is not a valid one."""
+def read_manifest(data: bytes | bytearray | memoryview, key: str | None = None) -> Manifest:
+    """Parse and check one manifest snapshot; CorruptObject if it is not a valid one,
+    UnsupportedFormat if it is one of a format this code does not read. `key` only names
+    the object in errors."""
     try:
         reader = fastavro.reader(io.BytesIO(bytes(data)))
         records = list(reader)
@@ -194,8 +199,13 @@ def read_manifest(data: bytes | bytearray | memoryview) -> Manifest:
         raise CorruptObject(f"manifest is not a readable Avro file: {exc}") from exc
     if schema_name != _FULL_NAME:
         raise CorruptObject(f"Avro file holds {schema_name!r}, not {_FULL_NAME}")
-    if metadata.get(_META_FORMAT) != FORMAT:
-        raise CorruptObject(f"unsupported manifest format {metadata.get(_META_FORMAT)!r}")
+    written = metadata.get(_META_FORMAT)
+    if not isinstance(written, str) or not written.isdigit():
+        raise CorruptObject(f"manifest has no readable {_META_FORMAT} ({written!r})")
+    if not OLDEST_READABLE_VERSION <= int(written) <= FORMAT_VERSION:
+        raise UnsupportedFormat(unsupported_version(
+            f"manifest {key}" if key else "manifest", int(written), OLDEST_READABLE_VERSION,
+            FORMAT_VERSION))
     if len(records) != 1:
         raise CorruptObject(f"manifest holds {len(records)} records, expected 1")
     r = records[0]

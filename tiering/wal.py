@@ -8,10 +8,11 @@ from dataclasses import dataclass
 
 import crc32c
 
-from stratalog.tiering.errors import CorruptObject
+from stratalog.tiering.errors import CorruptObject, UnsupportedFormat, unsupported_version
 
 MAGIC = b"SLWL"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # written; readers take OLDEST_READABLE_VERSION..FORMAT_VERSION
+OLDEST_READABLE_VERSION = 1
 
 _HEADER = struct.Struct(">4sHH")  # magic, version, flags
 _ENTRY = struct.Struct(">16siqqqQQI")  # topic id, partition, base, last, max ts, position, length, crc
@@ -75,6 +76,12 @@ class WalBuilder:
           16  version        uint16   FORMAT_VERSION
           18  flags          uint16   0 (reserved; readers reject anything else)
           20  magic          4 bytes  b"SLWL"
+
+    Versions: header and trailer carry FORMAT_VERSION; a reader refuses a version outside
+    OLDEST_READABLE_VERSION..FORMAT_VERSION with UnsupportedFormat before reading anything
+    else. A leader reading one range never sees header or trailer, so the coordinator's
+    entry for the object repeats the version (`WalObject.format_version`) and the reader
+    passes it to `check_version` first.
 
     Invariants: each (topic id, partition) appears once; ranges tile the body exactly
     (the first starts at 8, each starts where the previous ended, the last ends at the
@@ -175,29 +182,39 @@ class WalBuilder:
         return b"".join(pieces), infos
 
 
-def _unpack_trailer(tail: bytes | bytearray | memoryview) -> tuple[int, int, int]:
+def check_version(version: int, key: str | None = None) -> None:
+    """UnsupportedFormat unless this code reads WAL objects of `version`."""
+    if not OLDEST_READABLE_VERSION <= version <= FORMAT_VERSION:
+        raise UnsupportedFormat(unsupported_version(
+            f"WAL object {key}" if key else "WAL object", version, OLDEST_READABLE_VERSION,
+            FORMAT_VERSION))
+
+
+def _unpack_trailer(tail: bytes | bytearray | memoryview, key: str | None) -> tuple[int, int, int]:
     if len(tail) < TRAILER_SIZE:
         raise CorruptObject(f"WAL tail of {len(tail)} bytes is shorter than the {TRAILER_SIZE}-byte trailer")
     footer_position, count, footer_crc, version, flags, magic = _TRAILER.unpack_from(tail, len(tail) - TRAILER_SIZE)
     if magic != MAGIC:
         raise CorruptObject(f"not a WAL object: trailer magic {bytes(magic)!r}")
-    if version != FORMAT_VERSION or flags != 0:
-        raise CorruptObject(f"unsupported WAL format version {version} or flags {flags:#x} in trailer")
+    check_version(version, key)
+    if flags != 0:
+        raise CorruptObject(f"WAL trailer has flags {flags:#x}; version {version} defines none")
     return footer_position, count, footer_crc
 
 
-def footer_size(tail: bytes | bytearray | memoryview) -> int:
+def footer_size(tail: bytes | bytearray | memoryview, key: str | None = None) -> int:
     """How many bytes at the end of the object hold footer and trailer.
 
-    `tail` is at least the object's last TRAILER_SIZE bytes."""
-    _, count, _ = _unpack_trailer(tail)
+    `tail` is at least the object's last TRAILER_SIZE bytes; `key` only names the object
+    in errors."""
+    _, count, _ = _unpack_trailer(tail, key)
     return count * ENTRY_SIZE + TRAILER_SIZE
 
 
-def read_footer(data_tail: bytes | bytearray | memoryview) -> list[WalRangeInfo]:
+def read_footer(data_tail: bytes | bytearray | memoryview, key: str | None = None) -> list[WalRangeInfo]:
     """Parse and check the footer from the object's last bytes (at least `footer_size`)."""
     tail = memoryview(data_tail)
-    footer_position, count, footer_crc = _unpack_trailer(tail)
+    footer_position, count, footer_crc = _unpack_trailer(tail, key)
     need = count * ENTRY_SIZE + TRAILER_SIZE
     if len(tail) < need:
         raise CorruptObject(f"WAL footer needs the last {need} bytes, got {len(tail)}")
@@ -227,9 +244,9 @@ def read_footer(data_tail: bytes | bytearray | memoryview) -> list[WalRangeInfo]
     return infos
 
 
-def object_size(data_tail: bytes | bytearray | memoryview) -> int:
+def object_size(data_tail: bytes | bytearray | memoryview, key: str | None = None) -> int:
     """The whole object's size, as the trailer states it."""
-    footer_position, count, _ = _unpack_trailer(data_tail)
+    footer_position, count, _ = _unpack_trailer(data_tail, key)
     return footer_position + count * ENTRY_SIZE + TRAILER_SIZE
 
 
@@ -255,17 +272,20 @@ def range_bytes(
     return out
 
 
-def read_wal(data: bytes | bytearray | memoryview) -> list[tuple[WalRangeInfo, memoryview]]:
-    """Check a whole WAL object and return each range with its bytes."""
+def read_wal(data: bytes | bytearray | memoryview,
+             key: str | None = None) -> list[tuple[WalRangeInfo, memoryview]]:
+    """Check a whole WAL object and return each range with its bytes (`key` only names
+    the object in errors)."""
     view = memoryview(data)
     if len(view) < HEADER_SIZE + TRAILER_SIZE:
         raise CorruptObject(f"WAL object of {len(view)} bytes is too short")
     magic, version, flags = _HEADER.unpack_from(view, 0)
     if magic != MAGIC:
         raise CorruptObject(f"not a WAL object: header magic {bytes(magic)!r}")
-    if version != FORMAT_VERSION or flags != 0:
-        raise CorruptObject(f"unsupported WAL format version {version} or flags {flags:#x} in header")
-    expected = object_size(view)
+    check_version(version, key)
+    if flags != 0:
+        raise CorruptObject(f"WAL header has flags {flags:#x}; version {version} defines none")
+    expected = object_size(view, key)
     if expected != len(view):
         raise CorruptObject(f"WAL object is {len(view)} bytes, its trailer says {expected}")
-    return [(info, range_bytes(view, info)) for info in read_footer(view)]
+    return [(info, range_bytes(view, info)) for info in read_footer(view, key)]
