@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from stratalog.gateway.protocol import catalog
-from stratalog.gateway.protocol.catalog import APIS, REQUEST_HEADER, RESPONSE_HEADER
+from stratalog.gateway.protocol.catalog import APIS, REQUEST_HEADER, RESPONSE_HEADER, ApiKey
 from stratalog.gateway.protocol.frames import (
     UnknownApi,
     decode_request,
@@ -682,6 +682,19 @@ def test_every_version_frames_round_trip(api_key):
         cid, body = decode_response(api_key, version, out[4:])
         assert cid == 78
         assert encode_response(api_key, version, 78, body) == out, (name, version)
+
+
+def test_api_keys_are_named_as_kafka_names_them():
+    assert list(ApiKey) == sorted(APIS)
+    for key, (name, _req, _resp) in APIS.items():
+        assert type(key) is ApiKey
+        assert key.name == re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).upper()
+    assert (ApiKey.PRODUCE, ApiKey.LIST_OFFSETS, ApiKey.API_VERSIONS) == (0, 2, 18)
+
+
+def test_decoded_requests_carry_their_api_key_by_name():
+    req = decode_request(encode_request(3, 1, 7, {})[4:], ALL_VERSIONS)
+    assert req.api_key is ApiKey.METADATA and req.api_name == "Metadata"
 
 
 def test_absent_fields_decode_to_fresh_defaults():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from stratalog.gateway.protocol.error_codes import ErrorCode
 
-from .registry import RequestContext, handles
+from .registry import ApiKey, RequestContext, handles
 
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
 
@@ -42,7 +42,7 @@ async def _one(broker, topic: str, p, version: int) -> dict:
     return out
 
 
-@handles(2, 1, 10)
+@handles(ApiKey.LIST_OFFSETS, 1, 10)
 async def list_offsets(ctx: RequestContext, req):
     topics = []
     for t in req.topics:
@@ -51,7 +51,7 @@ async def list_offsets(ctx: RequestContext, req):
     return {"throttle_time_ms": 0, "topics": topics}
 
 
-@handles(23, 0, 4)
+@handles(ApiKey.OFFSET_FOR_LEADER_EPOCH, 0, 4)
 async def offset_for_leader_epoch(ctx: RequestContext, req):
     broker = ctx.broker
     topics = []

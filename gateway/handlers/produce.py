@@ -13,7 +13,7 @@ from stratalog.gateway.protocol.error_codes import ErrorCode
 from stratalog.gateway.server import NO_RESPONSE, Deferred
 from stratalog.tiering.batch import CorruptBatch, decode_records, split_batches
 
-from .registry import RequestContext, handles
+from .registry import ApiKey, RequestContext, handles
 
 
 def _validate(broker, topic: str, records) -> list:
@@ -83,7 +83,7 @@ async def _committed_past(broker, plog, last_offset: int) -> None:
         await broker.wait_for_data(1.0)
 
 
-@handles(0, 3, 11)
+@handles(ApiKey.PRODUCE, 3, 11)
 async def produce(ctx: RequestContext, req):
     broker = ctx.broker
     now_ms = broker.now_ms()
