@@ -59,7 +59,9 @@ async def find_coordinator(ctx: RequestContext, req: Message) -> dict[str, Any]:
     if ctx.version >= 4:
         return {"coordinators": [_locate(ctx, key, req.key_type)
                                  for key in req.coordinator_keys or []]}
-    return _locate(ctx, req.key, req.key_type)
+    found = _locate(ctx, req.key, req.key_type)
+    del found["key"]  # v0-3 answer for their one key without naming it
+    return found
 
 
 # --- JoinGroup ------------------------------------------------------------------------

@@ -49,7 +49,9 @@ async def metadata(ctx: RequestContext, req):
             if name is None and t.topic_id is not None:
                 info = broker.topics_by_id.get(t.topic_id)
                 if info is None:
-                    topics.append({"error_code": ErrorCode.UNKNOWN_TOPIC_ID, "name": None,
+                    # The name is nullable from v12 only: v10-11 have no null for it.
+                    topics.append({"error_code": ErrorCode.UNKNOWN_TOPIC_ID,
+                                   "name": None if ctx.version >= 12 else "",
                                    "topic_id": t.topic_id, "partitions": []})
                     continue
                 name = info.name
