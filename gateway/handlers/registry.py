@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from stratalog.gateway.protocol.catalog import ApiKey
+from stratalog.gateway.protocol.catalog import APIS, ApiKey
 from stratalog.gateway.protocol.schema import Message
 
 if TYPE_CHECKING:
@@ -25,6 +25,12 @@ class RequestContext:
     version: int
     client_id: str | None
     peer: str  # "host:port" of the client
+    correlation_id: int = -1
+
+    def __str__(self) -> str:
+        """The request as logs name it: `Produce v9 (correlation id 12) from 127.0.0.1:50123`."""
+        return (f"{APIS[self.api_key][0]} v{self.version} (correlation id {self.correlation_id})"
+                f" from {self.peer}")
 
 
 HandlerFn = Callable[[RequestContext, Message], Awaitable[Any]]

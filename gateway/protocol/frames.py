@@ -85,6 +85,16 @@ def decode_request(frame: bytes | memoryview, supported: dict[int, tuple[int, in
     return Request(api_key, api_version, correlation_id, header.client_id, body)
 
 
+def error_response(api_key: int, api_version: int, code: int) -> dict | None:
+    """The response that answers a whole request with `code`, if this version has a
+    top-level error code; None if its errors are only per topic, partition, group or
+    resource (Kafka builds those by mirroring the request: we have no such builders)."""
+    for f in response_schema(api_key).fields:
+        if f.name == "error_code" and f.present(api_version) and f.tag is None:
+            return {"error_code": code}
+    return None
+
+
 def _sized_parts(w: Writer) -> list:
     """The writer's buffers with the size prefix it began with filled in."""
     parts = w.parts()
