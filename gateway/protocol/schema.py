@@ -398,7 +398,8 @@ def _struct_encoder(fields: tuple[Field, ...], version: int, flexible: bool) -> 
             raise _bad_value("." + f.name, f.type, v, e) from e
 
     def encode(w: Writer, obj: Any) -> None:
-        check_keys(obj)
+        if type(obj) is not dict or not known.issuperset(obj):  # the common case, inline
+            check_keys(obj)
         for f, enc in plain:
             v = _value(obj, f)
             try:
