@@ -781,6 +781,15 @@ def test_a_key_of_another_version_is_ignored():
         "00 00 00 01 | 00 01 74 | 00 00 00 01 | 00 00 00 00 | 00 00 | 00 00 00 00 00 00 00 05")
 
 
+def test_a_struct_or_array_of_the_wrong_shape_is_refused():
+    with pytest.raises(EncodeError, match="a dict where an array is expected") as e:
+        catalog.PRODUCE_RESPONSE.to_bytes({"responses": {"name": "t"}}, 3)
+    assert e.value.path == "responses"
+    with pytest.raises(EncodeError, match="a str where a struct is expected") as e:
+        catalog.PRODUCE_RESPONSE.to_bytes({"responses": ["t"]}, 3)
+    assert e.value.path == "responses[0]"
+
+
 def test_a_value_of_the_wrong_type_names_its_field():
     with pytest.raises(EncodeError, match=r"'x' is not a valid int32") as e:
         catalog.PRODUCE_RESPONSE.to_bytes(

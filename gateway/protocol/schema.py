@@ -272,8 +272,11 @@ def _field_encoder(f: Field, version: int, flexible: bool) -> Encoder:
     return enc
 
 
+_NOT_NULLABLE = "None, but the field is not nullable at this version"
+
+
 def _refuse_none() -> None:
-    raise EncodeError("None, but the field is not nullable at this version")
+    raise EncodeError(_NOT_NULLABLE)
 
 
 def _empty_value(f: Field) -> Any:
@@ -298,6 +301,8 @@ def _array_encoder(f: Field, version: int, flexible: bool, compact: bool) -> Enc
             if elem_t in _NONE_TAKING else prim
 
     def write(w: Writer, v: Any) -> None:
+        if isinstance(v, (dict, str, bytes, Message)):  # they have a len(), but are no array
+            raise EncodeError(f"a {type(v).__name__} where an array is expected")
         w.array_length(len(v), compact)
         for i, item in enumerate(v):
             try:
@@ -317,7 +322,7 @@ _VALUE_ERRORS = (_struct.error, TypeError, ValueError, AttributeError, OverflowE
 
 def _bad_value(segment: str, t: str, v: Any, e: Exception) -> EncodeError:
     if v is None:
-        err = EncodeError("None, but the field is not nullable at this version")
+        err = EncodeError(_NOT_NULLABLE)
     else:
         err = EncodeError(f"{v!r} is not a valid {t} ({e})")
     err.segments.append(segment)
@@ -381,7 +386,9 @@ def _struct_encoder(fields: tuple[Field, ...], version: int, flexible: bool) -> 
         elif isinstance(obj, Message):
             keys = obj.__dict__
         elif obj is None:
-            raise EncodeError("None, but a struct is not nullable here")
+            raise EncodeError(_NOT_NULLABLE)
+        elif isinstance(obj, (str, bytes, int, float, list, tuple)):
+            raise EncodeError(f"a {type(obj).__name__} where a struct is expected")
         else:
             return  # any other object is read by attribute: its keys cannot be listed
         if not known.issuperset(keys):
@@ -401,14 +408,7 @@ def _struct_encoder(fields: tuple[Field, ...], version: int, flexible: bool) -> 
         if type(obj) is not dict or not known.issuperset(obj):  # the common case, inline
             check_keys(obj)
         for f, enc in plain:
-            v = _value(obj, f)
-            try:
-                enc(w, v)
-            except EncodeError as e:
-                e.segments.insert(0, "." + f.name)
-                raise
-            except _VALUE_ERRORS as e:
-                raise _bad_value("." + f.name, f.type, v, e) from e
+            put(w, f, enc, _value(obj, f))
         if not flexible:
             return
         present = []
