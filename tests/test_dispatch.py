@@ -191,7 +191,8 @@ def test_a_failing_handler_without_a_top_level_error_code_closes_only_its_connec
 
     asyncio.run(serving(check, METADATA=boom))
     (record,) = tracebacks(caplog)
-    assert "Metadata v9 (correlation id 7)" in record.getMessage() and "closing the connection" in record.getMessage()
+    message = record.getMessage()
+    assert "Metadata v9 (correlation id 7)" in message and "closing the connection" in message
     assert "handler bug on purpose" in caplog.text
 
 

@@ -158,7 +158,8 @@ def generate_catalog(src: Path) -> str:
         apis.append((req["apiKey"], name, var))
     apis.sort()
     # Kafka's own spelling of the keys (its ApiKeys enum): the spec name in upper snake case.
-    parts.append('\nclass ApiKey(IntEnum):\n    """The APIs above, by the key a request header carries."""\n\n')
+    parts.append("\nclass ApiKey(IntEnum):\n"
+                 '    """The APIs above, by the key a request header carries."""\n\n')
     parts.extend(f"    {var} = {key}\n" for key, _name, var in apis)
     parts.append("\n\n# api key -> (name, request schema, response schema)\nAPIS = {\n")
     parts.extend(f"    ApiKey.{var}: ({name!r}, {var}_REQUEST, {var}_RESPONSE),\n"
