@@ -130,7 +130,7 @@ class Client:
         return await asyncio.wait_for(self.reader.read(1), 5) == b""
 
 
-async def serving(check, **handlers):
+async def with_server(check, **handlers):
     """Run `check(server, connect)` against a GatewayServer whose handlers for the given
     API names are replaced."""
     server = GatewayServer(object(), "127.0.0.1", 0, max_request_bytes=1 << 20)
@@ -173,7 +173,7 @@ def test_a_failing_handler_is_answered_unknown_server_error_and_logged(caplog, h
         versions = await c.call(ApiKey.API_VERSIONS, 3, 32, {})
         assert versions.error_code == 0 and versions.api_keys
 
-    asyncio.run(serving(check, HEARTBEAT=handler))
+    asyncio.run(with_server(check, HEARTBEAT=handler))
     (record,) = tracebacks(caplog)  # logged once
     text = caplog.text
     assert "Heartbeat v4 (correlation id 31) from 127.0.0.1:" in record.getMessage()
@@ -189,7 +189,7 @@ def test_a_failing_handler_without_a_top_level_error_code_closes_only_its_connec
         other = await connect()
         assert (await other.call(ApiKey.API_VERSIONS, 3, 8, {})).error_code == 0
 
-    asyncio.run(serving(check, METADATA=boom))
+    asyncio.run(with_server(check, METADATA=boom))
     (record,) = tracebacks(caplog)
     message = record.getMessage()
     assert "Metadata v9 (correlation id 7)" in message and "closing the connection" in message
