@@ -1,6 +1,15 @@
-"""The one place that turns internal failures into Kafka error codes."""
+"""The one place that turns internal failures into Kafka error codes.
+
+A failure that maps to no specific code is a bug or an outage the client can only see as
+UNKNOWN_SERVER_ERROR; each one is logged here with its traceback and the request it
+failed (`serving`, set by the server around each handler).
+"""
 
 from __future__ import annotations
+
+import logging
+from contextvars import ContextVar
+from typing import Any
 
 from stratalog.coordinator.model import Fenced, TopicExists, UnknownTopic
 from stratalog.tiering.batch import CorruptBatch, UnsupportedMagic
@@ -11,6 +20,11 @@ from stratalog.engine.wal_writer import WalCommitFailed
 
 from .config import ConfigError
 from .protocol.error_codes import ErrorCode
+
+log = logging.getLogger(__name__)
+
+# The request whose handler is running (a RequestContext), for the log line of a failure.
+serving: ContextVar[Any] = ContextVar("serving", default=None)
 
 
 class KafkaError(Exception):
@@ -45,11 +59,15 @@ _BY_TYPE: list[tuple[type, ErrorCode]] = [
 
 
 def error_code(exc: BaseException) -> ErrorCode:
+    """The code that answers `exc`; UNKNOWN_SERVER_ERROR, logged with the traceback, for
+    anything not known to mean a specific one."""
     if isinstance(exc, KafkaError):
         return exc.code
     for kind, code in _BY_TYPE:
         if isinstance(exc, kind):
             return code
+    log.error("%s: answered UNKNOWN_SERVER_ERROR for an unexpected %s",
+              serving.get() or "outside any request", type(exc).__name__, exc_info=exc)
     return ErrorCode.UNKNOWN_SERVER_ERROR
 
 

@@ -5,6 +5,11 @@ requests to one partition append in the order they were sent), but a handler may
 a `Deferred` — the part of its work that only waits (a WAL commit for `acks=all`, a fetch
 long poll) — and the next request is read while it waits. Responses are written strictly
 in request order, as the protocol requires.
+
+A handler that raises, a deferred part that raises, or a response that does not encode
+(see `EncodeError`) is logged with its traceback and answered with UNKNOWN_SERVER_ERROR
+where the response has a top-level error code; otherwise the connection is closed, which
+clients treat as a retriable network error. Either way the gateway keeps serving.
 """
 
 from __future__ import annotations
@@ -14,14 +19,25 @@ import logging
 import struct
 import time
 
+from .errors import serving
 from .handlers import load_handlers
 from .handlers.registry import HANDLERS, NO_RESPONSE, Deferred, RequestContext, supported_versions
-from .protocol.frames import UnknownApi, decode_request, encode_response_parts
+from .protocol.error_codes import ErrorCode
+from .protocol.frames import UnknownApi, decode_request, encode_response_parts, error_response
 from .protocol.wire import DecodeError
 
 log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 4096  # responses a connection may have pending before we stop reading
+
+
+def _failure_response(ctx: RequestContext, what: str) -> dict | None:
+    """Log the exception being handled, with its traceback and request; the response to
+    send instead, or None to close the connection (see the module docstring)."""
+    body = error_response(ctx.api_key, ctx.version, ErrorCode.UNKNOWN_SERVER_ERROR)
+    log.exception("%s: %s; %s", ctx, what,
+                  "closing the connection" if body is None else "answered UNKNOWN_SERVER_ERROR")
+    return body
 
 
 class GatewayServer:
@@ -108,12 +124,17 @@ class GatewayServer:
             log.warning("%s: closing, malformed request: %s", peer, e)
             return None
         handler = HANDLERS[req.api_key]
-        ctx = RequestContext(self.broker, req.api_key, req.api_version, req.client_id, peer)
+        ctx = RequestContext(self.broker, req.api_key, req.api_version, req.client_id, peer,
+                             req.correlation_id)
+        token = serving.set(ctx)
         try:
             result = await handler.fn(ctx, req.body)
-        except Exception:  # noqa: BLE001
-            log.exception("%s: %s v%d handler failed", peer, req.api_name, req.api_version)
-            return None
+        except Exception:  # noqa: BLE001 - a handler's bug fails its request, not the gateway
+            result = _failure_response(ctx, "handler failed")
+            if result is None:
+                return None
+        finally:
+            serving.reset(token)
         # Only the header goes into the queue: the request body (a produce request's records
         # are a view of its whole frame) must not live until the response is written.
         return (req.api_key, req.api_name, req.correlation_id, ctx, result, started)
@@ -126,20 +147,26 @@ class GatewayServer:
                 return
             api_key, api_name, correlation_id, ctx, result, started = item
             if isinstance(result, Deferred):
+                token = serving.set(ctx)
                 try:
                     result = await result.awaitable
                 except Exception:  # noqa: BLE001
-                    log.exception("%s: %s v%d failed", peer, api_name, ctx.version)
-                    writer.close()
-                    return
+                    result = _failure_response(ctx, "failed")
+                    if result is None:
+                        writer.close()
+                        return
+                finally:
+                    serving.reset(token)
             if result is NO_RESPONSE:
                 continue
             try:
                 data = encode_response_parts(api_key, ctx.version, correlation_id, result)
-            except Exception:  # noqa: BLE001
-                log.exception("%s: cannot encode %s v%d response", peer, api_name, ctx.version)
-                writer.close()
-                return
+            except Exception:  # noqa: BLE001 - EncodeError: the handler's response is malformed
+                result = _failure_response(ctx, "response does not encode")
+                if result is None:
+                    writer.close()
+                    return
+                data = encode_response_parts(api_key, ctx.version, correlation_id, result)
             writer.writelines(data)
             if self.metrics is not None:
                 self.metrics.observe_request(api_name, time.perf_counter() - started)

@@ -963,9 +963,9 @@ def test_handlers_answer_not_coordinator(tmp_path):
                                      "member_id": "", "protocol_type": "consumer",
                                      "protocols": [{"name": "range", "metadata": b""}]})
         assert (j.error_code, j.protocol_name, j.generation_id) == (E.NOT_COORDINATOR, "", -1)
-        for api, ver in ((SYNC, 5), (HEARTBEAT, 4)):
-            r = await call(gw, api, ver, {"group_id": "g", "member_id": "m",
-                                          "protocol_type": "consumer", "protocol_name": "r"})
+        sync = {"group_id": "g", "member_id": "m", "protocol_type": "consumer", "protocol_name": "r"}
+        for api, ver, req in ((SYNC, 5, sync), (HEARTBEAT, 4, {"group_id": "g", "member_id": "m"})):
+            r = await call(gw, api, ver, req)
             assert r.error_code == E.NOT_COORDINATOR
         lv = await call(gw, LEAVE, 4, {"group_id": "g", "members": [{"member_id": "m"}]})
         assert (lv.error_code, lv.members) == (E.NOT_COORDINATOR, [])

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from stratalog.gateway.protocol import catalog
-from stratalog.gateway.protocol.catalog import APIS, REQUEST_HEADER, RESPONSE_HEADER
+from stratalog.gateway.protocol.catalog import APIS, REQUEST_HEADER, RESPONSE_HEADER, ApiKey
 from stratalog.gateway.protocol.frames import (
     UnknownApi,
     decode_request,
@@ -26,7 +26,7 @@ from stratalog.gateway.protocol.frames import (
     encode_request,
     encode_response,
 )
-from stratalog.gateway.protocol.schema import Field, Message, Schema
+from stratalog.gateway.protocol.schema import EncodeError, Field, Message, Schema
 from stratalog.gateway.protocol.wire import DecodeError, Reader, Writer, encode_uvarint, encode_varint
 
 pytestmark = pytest.mark.unit
@@ -255,8 +255,10 @@ def test_metadata_request_v1_null_topics_vs_v0():
     assert md.to_bytes({"topics": None}, 1) == h("ff ff ff ff")
     assert md.from_bytes(h("ff ff ff ff"), 1).topics is None
     assert md.to_bytes({"topics": []}, 1) == h("00 00 00 00")
-    # v0 has no null: an unset list goes out as the empty array (v0's "all topics").
-    assert md.to_bytes({"topics": None}, 0) == h("00 00 00 00")
+    # v0 has no null: its "all topics" is the empty array, and None is refused.
+    assert md.to_bytes({"topics": []}, 0) == h("00 00 00 00")
+    with pytest.raises(EncodeError, match=r"MetadataRequest v0 at topics: None"):
+        md.to_bytes({"topics": None}, 0)
     with pytest.raises(DecodeError):
         md.from_bytes(h("ff ff ff ff"), 0)
     assert md.to_bytes({"topics": None, "allow_auto_topic_creation": False}, 4) == h(
@@ -686,6 +688,19 @@ def test_every_version_frames_round_trip(api_key):
         assert encode_response(api_key, version, 78, body) == out, (name, version)
 
 
+def test_api_keys_are_named_as_kafka_names_them():
+    assert list(ApiKey) == sorted(APIS)
+    for key, (name, _req, _resp) in APIS.items():
+        assert type(key) is ApiKey
+        assert key.name == re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).upper()
+    assert (ApiKey.PRODUCE, ApiKey.LIST_OFFSETS, ApiKey.API_VERSIONS) == (0, 2, 18)
+
+
+def test_decoded_requests_carry_their_api_key_by_name():
+    req = decode_request(encode_request(3, 1, 7, {})[4:], ALL_VERSIONS)
+    assert req.api_key is ApiKey.METADATA and req.api_name == "Metadata"
+
+
 def test_absent_fields_decode_to_fresh_defaults():
     a = catalog.METADATA_REQUEST.from_bytes(h("ff ff ff ff"), 1)
     b = catalog.METADATA_REQUEST.from_bytes(h("ff ff ff ff"), 1)
@@ -708,18 +723,83 @@ def test_encoding_reads_messages_dicts_and_objects_alike():
     assert via_obj == via_dict == h("00 01 67 | 00 00 00 03 | 00 01 6d")
 
 
-def test_null_in_non_nullable_fields_encodes_the_default():
-    # A handler leaving a field None must not put a null on the wire where the
-    # version has none: the peer could not decode it.
-    topic = catalog.CREATE_TOPICS_RESPONSE.to_bytes(
-        {"topics": [{"name": None, "error_message": None}]}, 0)
-    assert topic == h("00 00 00 01 | 00 00 | 00 00")
-    assert catalog.METADATA_REQUEST.to_bytes({"topics": None}, 9)[:1] == h("00")  # nullable
-    assert catalog.OFFSET_DELETE_REQUEST.to_bytes(
-        {"group_id": "g", "topics": [{"name": "t", "partitions": None}]}, 0) == h(
-        "00 01 67 | 00 00 00 01 | 00 01 74 | 00 00 00 00")
-    assert catalog.DESCRIBE_GROUPS_REQUEST.to_bytes({"groups": [None, "g"]}, 0) == h(
-        "00 00 00 02 | 00 00 | 00 01 67")
+@pytest.mark.parametrize("schema,version,body,path", [
+    (catalog.CREATE_TOPICS_RESPONSE, 0, {"topics": [{"name": None}]}, "topics[0].name"),
+    (catalog.CREATE_TOPICS_RESPONSE, 0, {"topics": [{"name": "t", "error_code": None}]},
+     "topics[0].error_code"),
+    (catalog.OFFSET_DELETE_REQUEST, 0, {"group_id": "g", "topics": [{"name": "t", "partitions": None}]},
+     "topics[0].partitions"),
+    (catalog.DESCRIBE_GROUPS_REQUEST, 0, {"groups": ["g", None]}, "groups[1]"),
+    (catalog.DESCRIBE_GROUPS_REQUEST, 3, {"groups": [], "include_authorized_operations": None},
+     "include_authorized_operations"),
+    (catalog.PRODUCE_RESPONSE, 3, {"responses": [None]}, "responses[0]"),
+    (catalog.PRODUCE_RESPONSE, 10, {"responses": [{"partition_responses": [
+        {"current_leader": None}]}]}, "responses[0].partition_responses[0].current_leader"),
+    (catalog.HEARTBEAT_RESPONSE, 0, None, ""),
+])
+def test_none_where_the_version_has_no_null_is_refused(schema, version, body, path):
+    # A null on the wire where the version has none would be undecodable by the peer, and
+    # writing the default instead would hide the handler's bug.
+    with pytest.raises(EncodeError, match="None") as e:
+        schema.to_bytes(body, version)
+    assert e.value.path == path and (e.value.schema, e.value.version) == (schema.name, version)
+
+
+def test_none_is_written_as_null_where_the_version_has_one():
+    assert catalog.METADATA_REQUEST.to_bytes({"topics": None}, 9)[:1] == h("00")
+    assert catalog.CREATE_TOPICS_RESPONSE.to_bytes(
+        {"topics": [{"name": "t", "error_message": None}]}, 1) == h(
+        "00 00 00 01 | 00 01 74 | 00 00 | ff ff")
+
+
+def test_none_uuid_is_the_zero_uuid():
+    # A uuid's default is null and it is never nullable: None is Kafka's "no id".
+    body = {"topics": [{"name": "t", "topic_id": None}]}
+    topic = catalog.METADATA_RESPONSE.from_bytes(catalog.METADATA_RESPONSE.to_bytes(body, 10), 10).topics[0]
+    assert topic.topic_id == ZERO_UUID
+
+
+@pytest.mark.parametrize("schema,version,body,path,key", [
+    (catalog.PRODUCE_RESPONSE, 9, {"responses": [{"name": "t", "partition_responses": [
+        {"index": 0, "eror_code": 1}]}]}, "responses[0].partition_responses[0]", "eror_code"),
+    (catalog.HEARTBEAT_RESPONSE, 0, {"error_code": 0, "throttle_ms": 0}, "", "throttle_ms"),
+    (catalog.FIND_COORDINATOR_RESPONSE, 6, Message(coordinators=[Message(key="g", nodeid=1)]),
+     "coordinators[0]", "nodeid"),
+])
+def test_a_key_the_message_has_at_no_version_is_refused(schema, version, body, path, key):
+    with pytest.raises(EncodeError, match=f"unknown key '{key}'") as e:
+        schema.to_bytes(body, version)
+    assert e.value.path == path
+    assert str(e.value).startswith(f"{schema.name} v{version}")
+
+
+def test_a_key_of_another_version_is_ignored():
+    # throttle_time_ms is v1+, log_append_time_ms v2+, current_leader v10+ (tagged): one
+    # handler body serves every version.
+    body = {"responses": [{"name": "t", "partition_responses": [
+        {"index": 0, "error_code": 0, "base_offset": 5, "log_append_time_ms": -1,
+         "current_leader": {"leader_id": 1, "leader_epoch": 2}}]}], "throttle_time_ms": 0}
+    assert catalog.PRODUCE_RESPONSE.to_bytes(body, 0) == h(
+        "00 00 00 01 | 00 01 74 | 00 00 00 01 | 00 00 00 00 | 00 00 | 00 00 00 00 00 00 00 05")
+
+
+def test_a_struct_or_array_of_the_wrong_shape_is_refused():
+    with pytest.raises(EncodeError, match="a dict where an array is expected") as e:
+        catalog.PRODUCE_RESPONSE.to_bytes({"responses": {"name": "t"}}, 3)
+    assert e.value.path == "responses"
+    with pytest.raises(EncodeError, match="a str where a struct is expected") as e:
+        catalog.PRODUCE_RESPONSE.to_bytes({"responses": ["t"]}, 3)
+    assert e.value.path == "responses[0]"
+
+
+def test_a_value_of_the_wrong_type_names_its_field():
+    with pytest.raises(EncodeError, match=r"'x' is not a valid int32") as e:
+        catalog.PRODUCE_RESPONSE.to_bytes(
+            {"responses": [{"name": "t", "partition_responses": [{"index": "x"}]}]}, 3)
+    assert e.value.path == "responses[0].partition_responses[0].index"
+    with pytest.raises(EncodeError, match="not a valid int32") as e:
+        catalog.JOIN_GROUP_REQUEST.to_bytes({"session_timeout_ms": 2**31}, 0)
+    assert e.value.path == "session_timeout_ms"
 
 
 # ---- frames captured from real clients ----------------------------------------------------

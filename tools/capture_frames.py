@@ -27,7 +27,7 @@ import threading
 import uuid
 from pathlib import Path
 
-from stratalog.gateway.protocol.catalog import APIS
+from stratalog.gateway.protocol.catalog import APIS, ApiKey
 from stratalog.gateway.protocol.frames import decode_request, encode_response, peek_header
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +35,6 @@ ROOT = Path(__file__).resolve().parent.parent
 CLIENT_ID = "stratalog-capture"
 TOPIC = "capture"
 GROUP = "capture-group"
-PRODUCE, METADATA, FIND_COORDINATOR, API_VERSIONS, INIT_PRODUCER_ID = 0, 3, 10, 18, 22
 UNSUPPORTED_VERSION = 35
 SUPPORTED = {key: (req.vmin, req.vmax) for key, (_, req, _resp) in APIS.items()}
 
@@ -150,26 +149,26 @@ class FakeBroker:
 
     def _answer(self, frame: bytes) -> bytes | None:
         api_key, version, correlation_id = peek_header(frame)
-        lo, hi = SUPPORTED[API_VERSIONS]
-        if api_key == API_VERSIONS and not lo <= version <= hi:
+        lo, hi = SUPPORTED[ApiKey.API_VERSIONS]
+        if api_key == ApiKey.API_VERSIONS and not lo <= version <= hi:
             # The protocol's fallback: a v0 answer listing our versions, so the client
             # retries with one of them.
-            return encode_response(API_VERSIONS, 0, correlation_id, {
+            return encode_response(ApiKey.API_VERSIONS, 0, correlation_id, {
                 "error_code": UNSUPPORTED_VERSION, "api_keys": _api_keys()})
         req = decode_request(frame, SUPPORTED)
         body = req.body
-        if api_key == API_VERSIONS:
+        if api_key == ApiKey.API_VERSIONS:
             reply = {"api_keys": _api_keys()}
-        elif api_key == METADATA:
+        elif api_key == ApiKey.METADATA:
             reply = self._metadata(body)
-        elif api_key == INIT_PRODUCER_ID:
+        elif api_key == ApiKey.INIT_PRODUCER_ID:
             reply = {"producer_id": 1000, "producer_epoch": 0}
-        elif api_key == PRODUCE:
+        elif api_key == ApiKey.PRODUCE:
             reply = {"responses": [
                 {"name": t.name,
                  "partition_responses": [{"index": p.index} for p in t.partition_data]}
                 for t in body.topic_data]}
-        elif api_key == FIND_COORDINATOR:
+        elif api_key == ApiKey.FIND_COORDINATOR:
             me = {"node_id": 0, "host": "127.0.0.1", "port": self.port}
             keys = body.coordinator_keys or [body.key]
             reply = {**me, "coordinators": [{"key": k, **me} for k in keys]}

@@ -7,7 +7,7 @@ from stratalog.gateway.config import BROKER_SETTINGS, TOPIC_CONFIGS
 from stratalog.gateway.errors import KafkaError, error_code, error_message
 from stratalog.gateway.protocol.error_codes import ErrorCode
 
-from .registry import RequestContext, handles
+from .registry import ApiKey, RequestContext, handles
 
 TOPIC, BROKER = 2, 4
 # DescribeConfigs config_source values
@@ -33,7 +33,7 @@ def _render(value) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-@handles(19, 0, 7)
+@handles(ApiKey.CREATE_TOPICS, 0, 7)
 async def create_topics(ctx: RequestContext, req):
     broker = ctx.broker
     out = []
@@ -64,7 +64,7 @@ def _topic_values(broker, overrides: dict) -> dict:
     return values
 
 
-@handles(20, 0, 6)
+@handles(ApiKey.DELETE_TOPICS, 0, 6)
 async def delete_topics(ctx: RequestContext, req):
     broker = ctx.broker
     if ctx.version >= 6:
@@ -90,7 +90,7 @@ async def delete_topics(ctx: RequestContext, req):
     return {"throttle_time_ms": 0, "responses": out}
 
 
-@handles(37, 0, 3)
+@handles(ApiKey.CREATE_PARTITIONS, 0, 3)
 async def create_partitions(ctx: RequestContext, req):
     out = []
     for t in req.topics:
@@ -135,7 +135,7 @@ def _describe_broker(broker, keys) -> list[dict]:
     return rows
 
 
-@handles(32, 0, 4)
+@handles(ApiKey.DESCRIBE_CONFIGS, 0, 4)
 async def describe_configs(ctx: RequestContext, req):
     broker = ctx.broker
     out = []
@@ -202,19 +202,19 @@ def _incremental(current: dict, changes) -> dict:
     return current
 
 
-@handles(33, 0, 2)
+@handles(ApiKey.ALTER_CONFIGS, 0, 2)
 async def alter_configs(ctx: RequestContext, req):
     rows = [await _alter(ctx.broker, r, _replace, req.validate_only) for r in req.resources]
     return {"throttle_time_ms": 0, "responses": rows}
 
 
-@handles(44, 0, 1)
+@handles(ApiKey.INCREMENTAL_ALTER_CONFIGS, 0, 1)
 async def incremental_alter_configs(ctx: RequestContext, req):
     rows = [await _alter(ctx.broker, r, _incremental, req.validate_only) for r in req.resources]
     return {"throttle_time_ms": 0, "responses": rows}
 
 
-@handles(21, 0, 2)
+@handles(ApiKey.DELETE_RECORDS, 0, 2)
 async def delete_records(ctx: RequestContext, req):
     topics = []
     for t in req.topics:

@@ -12,7 +12,7 @@ import time
 from stratalog.engine.errors import EngineError
 from stratalog.gateway.errors import error_code
 from stratalog.gateway.protocol.error_codes import ErrorCode
-from .registry import Deferred, RequestContext, handles
+from .registry import ApiKey, Deferred, RequestContext, handles
 
 
 def _resolve_topic(broker, t, version: int):
@@ -74,7 +74,7 @@ async def _read_all(broker, req, version: int) -> tuple[list, int]:
     return responses, total
 
 
-@handles(1, 4, 17)
+@handles(ApiKey.FETCH, 4, 17)
 async def fetch(ctx: RequestContext, req):
     broker = ctx.broker
     version = ctx.version

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from stratalog.gateway.groups import JoinResult
-from stratalog.gateway.handlers.registry import RequestContext, handles
+from stratalog.gateway.handlers.registry import ApiKey, RequestContext, handles
 from stratalog.gateway.protocol.error_codes import ErrorCode as E
 from stratalog.gateway.protocol.schema import Message
 
@@ -54,17 +54,19 @@ def _no_coordinator(key: str, error: E, message: str) -> dict[str, Any]:
             "error_message": message}
 
 
-@handles(10, 0, 6)
+@handles(ApiKey.FIND_COORDINATOR, 0, 6)
 async def find_coordinator(ctx: RequestContext, req: Message) -> dict[str, Any]:
     if ctx.version >= 4:
         return {"coordinators": [_locate(ctx, key, req.key_type)
                                  for key in req.coordinator_keys or []]}
-    return _locate(ctx, req.key, req.key_type)
+    found = _locate(ctx, req.key, req.key_type)
+    del found["key"]  # v0-3 answer for their one key without naming it
+    return found
 
 
 # --- JoinGroup ------------------------------------------------------------------------
 
-@handles(11, 0, 9)
+@handles(ApiKey.JOIN_GROUP, 0, 9)
 async def join_group(ctx: RequestContext, req: Message) -> dict[str, Any]:
     v = ctx.version
     if not_coordinator(ctx, req.group_id):
@@ -98,7 +100,7 @@ async def join_group(ctx: RequestContext, req: Message) -> dict[str, Any]:
 
 # --- SyncGroup ------------------------------------------------------------------------
 
-@handles(14, 0, 5)
+@handles(ApiKey.SYNC_GROUP, 0, 5)
 async def sync_group(ctx: RequestContext, req: Message) -> dict[str, Any]:
     if not_coordinator(ctx, req.group_id):
         return {"error_code": E.NOT_COORDINATOR}
@@ -115,7 +117,7 @@ async def sync_group(ctx: RequestContext, req: Message) -> dict[str, Any]:
 
 # --- Heartbeat ------------------------------------------------------------------------
 
-@handles(12, 0, 4)
+@handles(ApiKey.HEARTBEAT, 0, 4)
 async def heartbeat(ctx: RequestContext, req: Message) -> dict[str, Any]:
     if not_coordinator(ctx, req.group_id):
         return {"error_code": E.NOT_COORDINATOR}
@@ -126,7 +128,7 @@ async def heartbeat(ctx: RequestContext, req: Message) -> dict[str, Any]:
 
 # --- LeaveGroup -----------------------------------------------------------------------
 
-@handles(13, 0, 5)
+@handles(ApiKey.LEAVE_GROUP, 0, 5)
 async def leave_group(ctx: RequestContext, req: Message) -> dict[str, Any]:
     if ctx.version <= 2:
         leaving = [(req.member_id, None)]
@@ -148,7 +150,7 @@ async def leave_group(ctx: RequestContext, req: Message) -> dict[str, Any]:
 
 # --- ListGroups -----------------------------------------------------------------------
 
-@handles(16, 0, 5)
+@handles(ApiKey.LIST_GROUPS, 0, 5)
 async def list_groups(ctx: RequestContext, req: Message) -> dict[str, Any]:
     error, listings = await ctx.broker.groups.list_groups(
         states=req.states_filter if ctx.version >= 4 else None,
@@ -161,7 +163,7 @@ async def list_groups(ctx: RequestContext, req: Message) -> dict[str, Any]:
 
 # --- DescribeGroups -------------------------------------------------------------------
 
-@handles(15, 0, 5)
+@handles(ApiKey.DESCRIBE_GROUPS, 0, 5)
 async def describe_groups(ctx: RequestContext, req: Message) -> dict[str, Any]:
     operations = GROUP_OPERATIONS if ctx.version >= 3 and req.include_authorized_operations \
         else OPERATIONS_NOT_REQUESTED
@@ -186,7 +188,7 @@ async def describe_groups(ctx: RequestContext, req: Message) -> dict[str, Any]:
 
 # --- DeleteGroups ---------------------------------------------------------------------
 
-@handles(42, 0, 2)
+@handles(ApiKey.DELETE_GROUPS, 0, 2)
 async def delete_groups(ctx: RequestContext, req: Message) -> dict[str, Any]:
     results = []
     for group_id in req.groups_names or []:

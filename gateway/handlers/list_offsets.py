@@ -7,7 +7,7 @@ from stratalog.engine.errors import EngineError, NotLeader, UnknownTopicOrPartit
 from stratalog.gateway.errors import error_code
 from stratalog.gateway.protocol.error_codes import ErrorCode
 
-from .registry import RequestContext, handles
+from .registry import ApiKey, RequestContext, handles
 
 
 async def _one(broker, topic: str, p, version: int) -> dict:
@@ -28,7 +28,7 @@ async def _one(broker, topic: str, p, version: int) -> dict:
     return out
 
 
-@handles(2, 1, 10)
+@handles(ApiKey.LIST_OFFSETS, 1, 10)
 async def list_offsets(ctx: RequestContext, req):
     topics = []
     for t in req.topics:
@@ -37,7 +37,7 @@ async def list_offsets(ctx: RequestContext, req):
     return {"throttle_time_ms": 0, "topics": topics}
 
 
-@handles(23, 0, 4)
+@handles(ApiKey.OFFSET_FOR_LEADER_EPOCH, 0, 4)
 async def offset_for_leader_epoch(ctx: RequestContext, req):
     broker = ctx.broker
     topics = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 from stratalog.gateway.errors import KafkaError
 from stratalog.gateway.protocol.error_codes import ErrorCode
 
-from .registry import RequestContext, handles
+from .registry import ApiKey, RequestContext, handles
 
 CLUSTER_ACTIONS_OMITTED = -2147483648
 
@@ -35,7 +35,7 @@ async def describe_topic(broker, name: str, info, error: int = 0) -> dict:
             "is_internal": False, "partitions": partitions}
 
 
-@handles(3, 0, 12)
+@handles(ApiKey.METADATA, 0, 12)
 async def metadata(ctx: RequestContext, req):
     broker = ctx.broker
     topics = []
@@ -49,7 +49,9 @@ async def metadata(ctx: RequestContext, req):
             if name is None and t.topic_id is not None:
                 info = broker.topics_by_id.get(t.topic_id)
                 if info is None:
-                    topics.append({"error_code": ErrorCode.UNKNOWN_TOPIC_ID, "name": None,
+                    # The name is nullable from v12 only: v10-11 have no null for it.
+                    topics.append({"error_code": ErrorCode.UNKNOWN_TOPIC_ID,
+                                   "name": None if ctx.version >= 12 else "",
                                    "topic_id": t.topic_id, "partitions": []})
                     continue
                 name = info.name
@@ -68,7 +70,7 @@ async def metadata(ctx: RequestContext, req):
             "cluster_authorized_operations": CLUSTER_ACTIONS_OMITTED}
 
 
-@handles(60, 0, 1)
+@handles(ApiKey.DESCRIBE_CLUSTER, 0, 1)
 async def describe_cluster(ctx: RequestContext, req):
     broker = ctx.broker
     return {"throttle_time_ms": 0, "error_code": 0, "endpoint_type": 1,

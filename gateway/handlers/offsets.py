@@ -13,7 +13,7 @@ from typing import Any
 from stratalog.coordinator.model import CommittedOffset
 from stratalog.gateway.groups import OffsetEntry
 from stratalog.gateway.handlers.groups import not_coordinator
-from stratalog.gateway.handlers.registry import RequestContext, handles
+from stratalog.gateway.handlers.registry import ApiKey, RequestContext, handles
 from stratalog.gateway.protocol.error_codes import ErrorCode as E
 from stratalog.gateway.protocol.schema import Message
 
@@ -27,7 +27,7 @@ def _known(ctx: RequestContext, topic: str, partition: int) -> bool:
 
 # --- OffsetCommit ---------------------------------------------------------------------
 
-@handles(8, 2, 9)
+@handles(ApiKey.OFFSET_COMMIT, 2, 9)
 async def offset_commit(ctx: RequestContext, req: Message) -> dict[str, Any]:
     mine = not not_coordinator(ctx, req.group_id)
     errors: dict[tuple[str, int], E] = {}
@@ -87,7 +87,7 @@ async def _fetch_group(ctx: RequestContext, group_id: str, topics: list | None,
         for t in topics]
 
 
-@handles(9, 1, 9)
+@handles(ApiKey.OFFSET_FETCH, 1, 9)
 async def offset_fetch(ctx: RequestContext, req: Message) -> dict[str, Any]:
     v = ctx.version
     if v >= 8:
@@ -109,7 +109,7 @@ async def offset_fetch(ctx: RequestContext, req: Message) -> dict[str, Any]:
 
 # --- OffsetDelete ---------------------------------------------------------------------
 
-@handles(47, 0, 0)
+@handles(ApiKey.OFFSET_DELETE, 0, 0)
 async def offset_delete(ctx: RequestContext, req: Message) -> dict[str, Any]:
     if not_coordinator(ctx, req.group_id):
         return {"error_code": E.NOT_COORDINATOR}

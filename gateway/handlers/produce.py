@@ -10,7 +10,8 @@ import asyncio
 
 from stratalog.gateway.errors import error_code, error_message
 from stratalog.gateway.protocol.error_codes import ErrorCode
-from .registry import NO_RESPONSE, Deferred, RequestContext, handles
+
+from .registry import NO_RESPONSE, ApiKey, Deferred, RequestContext, handles
 
 
 def _produce_partition(broker, topic: str, index: int, records, now_ms: int):
@@ -32,7 +33,7 @@ def _produce_partition(broker, topic: str, index: int, records, now_ms: int):
     return resp, appended.commit
 
 
-@handles(0, 3, 11)
+@handles(ApiKey.PRODUCE, 3, 11)
 async def produce(ctx: RequestContext, req):
     broker = ctx.broker
     now_ms = broker.now_ms()

@@ -2,10 +2,10 @@
 
 from stratalog.gateway.protocol.error_codes import ErrorCode
 
-from .registry import RequestContext, handles
+from .registry import ApiKey, RequestContext, handles
 
 
-@handles(22, 0, 5)
+@handles(ApiKey.INIT_PRODUCER_ID, 0, 5)
 async def init_producer_id(ctx: RequestContext, req):
     if req.transactional_id is not None:
         return {"throttle_time_ms": 0, "error_code": ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,

@@ -2,7 +2,8 @@
 
 A handler is an async function `(ctx, request_body) -> response_body` where the body is
 a decoded `Message` and the response is a `Message` or dict that the codec encodes at the
-request's version. Handlers never see bytes or sockets.
+request's version. Handlers never see bytes or sockets. They are registered by name,
+`@handles(ApiKey.PRODUCE, 3, 11)`, never by a bare number.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
+from stratalog.gateway.protocol.catalog import APIS, ApiKey
 from stratalog.gateway.protocol.schema import Message
 
 if TYPE_CHECKING:
@@ -19,10 +21,16 @@ if TYPE_CHECKING:
 @dataclass(slots=True)
 class RequestContext:
     broker: "Broker"
-    api_key: int
+    api_key: ApiKey
     version: int
     client_id: str | None
     peer: str  # "host:port" of the client
+    correlation_id: int = -1
+
+    def __str__(self) -> str:
+        """The request as logs name it: `Produce v9 (correlation id 12) from 127.0.0.1:50123`."""
+        return (f"{APIS[self.api_key][0]} v{self.version} (correlation id {self.correlation_id})"
+                f" from {self.peer}")
 
 
 HandlerFn = Callable[[RequestContext, Message], Awaitable[Any]]
@@ -44,17 +52,19 @@ NO_RESPONSE = object()  # acks=0 produce: the protocol sends nothing back
 
 @dataclass(frozen=True, slots=True)
 class Handler:
-    api_key: int
+    api_key: ApiKey
     min_version: int
     max_version: int
     fn: HandlerFn
 
 
-HANDLERS: dict[int, Handler] = {}
+HANDLERS: dict[ApiKey, Handler] = {}
 
 
-def handles(api_key: int, min_version: int, max_version: int) -> Callable[[HandlerFn], HandlerFn]:
+def handles(api_key: ApiKey, min_version: int, max_version: int) -> Callable[[HandlerFn], HandlerFn]:
     """Register a handler for the versions it answers."""
+    if not isinstance(api_key, ApiKey):
+        raise TypeError(f"register handlers by ApiKey name, not {api_key!r}")
 
     def register(fn: HandlerFn) -> HandlerFn:
         HANDLERS[api_key] = Handler(api_key, min_version, max_version, fn)

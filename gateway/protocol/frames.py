@@ -12,12 +12,11 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from .catalog import APIS, REQUEST_HEADER, RESPONSE_HEADER
+from .catalog import APIS, REQUEST_HEADER, RESPONSE_HEADER, ApiKey
 from .schema import Message, Schema
 from .wire import DecodeError, Reader, Writer
 
 SIZE = struct.Struct(">i")
-API_VERSIONS_KEY = 18
 
 
 class UnknownApi(DecodeError):
@@ -32,7 +31,7 @@ class UnknownApi(DecodeError):
 
 @dataclass(slots=True)
 class Request:
-    api_key: int
+    api_key: ApiKey
     api_version: int
     correlation_id: int
     client_id: str | None
@@ -69,10 +68,11 @@ def decode_request(frame: bytes | memoryview, supported: dict[int, tuple[int, in
     span = supported.get(api_key)
     if span is None or api_key not in APIS:
         raise UnknownApi(api_key, api_version, correlation_id)
+    api_key = ApiKey(api_key)
     schema = request_schema(api_key)
     # The schema bounds the range too: a version it does not describe has no layout.
     in_range = max(span[0], schema.vmin) <= api_version <= min(span[1], schema.vmax)
-    if not in_range and api_key != API_VERSIONS_KEY:
+    if not in_range and api_key != ApiKey.API_VERSIONS:
         raise UnknownApi(api_key, api_version, correlation_id)
     flexible = schema.flexible(api_version) if in_range else False
     reader = Reader(frame)
@@ -83,6 +83,16 @@ def decode_request(frame: bytes | memoryview, supported: dict[int, tuple[int, in
     # Trailing bytes are tolerated, as Kafka does: newer clients may append fields that an
     # older version ignores.
     return Request(api_key, api_version, correlation_id, header.client_id, body)
+
+
+def error_response(api_key: int, api_version: int, code: int) -> dict | None:
+    """The response that answers a whole request with `code`, if this version has a
+    top-level error code; None if its errors are only per topic, partition, group or
+    resource (Kafka builds those by mirroring the request: we have no such builders)."""
+    for f in response_schema(api_key).fields:
+        if f.name == "error_code" and f.present(api_version) and f.tag is None:
+            return {"error_code": code}
+    return None
 
 
 def _sized_parts(w: Writer) -> list:
@@ -96,7 +106,7 @@ def encode_response_parts(api_key: int, api_version: int, correlation_id: int, b
     """A response with its header and size prefix, as buffers to write in order (record
     batches in it are not copied)."""
     schema = response_schema(api_key)
-    flexible = schema.flexible(api_version) and api_key != API_VERSIONS_KEY
+    flexible = schema.flexible(api_version) and api_key != ApiKey.API_VERSIONS
     w = Writer()
     w.int32(0)  # size, patched below
     RESPONSE_HEADER.encode(w, Message(correlation_id=correlation_id), 1 if flexible else 0)
@@ -125,7 +135,7 @@ def encode_request(api_key: int, api_version: int, correlation_id: int, body: An
 def decode_response(api_key: int, api_version: int, frame: bytes) -> tuple[int, Message]:
     """Decode a response frame (without size prefix): (correlation id, body)."""
     schema = response_schema(api_key)
-    flexible = schema.flexible(api_version) and api_key != API_VERSIONS_KEY
+    flexible = schema.flexible(api_version) and api_key != ApiKey.API_VERSIONS
     reader = Reader(frame)
     header = RESPONSE_HEADER.decode(reader, 1 if flexible else 0)
     return header.correlation_id, schema.decode(reader, api_version)

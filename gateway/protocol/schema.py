@@ -9,10 +9,27 @@ Decoded messages are `Message` objects whose attributes are the snake_case field
 names; a field absent from a version decodes to its default. Encoding reads the same
 attributes from a `Message`, a dict or any object, falling back to the default, so a
 handler only sets what it means.
+
+Encoding is strict, because a message we send that its schema does not allow is a bug
+on our side, and Kafka brokers never send one (see `EncodeError`). For a dict or a
+`Message`, at any depth:
+
+- a key that is a field of the message at *some* version is fine: written if the field
+  is on the wire at this version, ignored otherwise (so one handler body serves every
+  version: `throttle_time_ms` is simply not written at v0);
+- a key that is a field of the message at *no* version raises (`eror_code`);
+- a left-out key takes the field's default;
+- None is written as a null where the field is nullable at this version. Where it is
+  not, None is accepted only if it is the field's default (today: uuid fields, never
+  nullable, whose None goes out as the all-zero UUID, Kafka's "no id") and raises
+  otherwise, as do a None array element and a value of the wrong type.
+
+Other objects are read by attribute and cannot be checked for unknown keys.
 """
 
 from __future__ import annotations
 
+import struct as _struct
 import uuid as _uuid
 from dataclasses import dataclass
 from functools import lru_cache
@@ -22,6 +39,31 @@ from typing import Any, Callable
 from .wire import DecodeError, Reader, Writer
 
 MAX_VERSION = 0x7FFF
+
+
+class EncodeError(ValueError):
+    """We were about to send a message that its schema does not allow at this version: a
+    key it has at no version, a None where there is no null, a value of the wrong type.
+    This is our bug, never the peer's (that is `DecodeError`).
+
+    `path` locates the offending value, e.g. `responses[0].partition_responses[0]`;
+    `schema` and `version` name the message.
+    """
+
+    def __init__(self, problem: str):
+        super().__init__(problem)
+        self.problem = problem
+        self.segments: list[str] = []  # innermost last, each ".name" or "[i]"
+        self.schema = ""
+        self.version = -1
+
+    @property
+    def path(self) -> str:
+        return "".join(self.segments).lstrip(".")
+
+    def __str__(self) -> str:
+        where = f" at {self.path}" if self.segments else ""
+        return f"{self.schema or 'message'} v{self.version}{where}: {self.problem}"
 
 
 class Message(SimpleNamespace):
@@ -92,11 +134,17 @@ class Schema:
         return dec(reader)
 
     def encode(self, writer: Writer, msg: Any, version: int) -> None:
+        """Append `msg` encoded at `version`; `EncodeError` if the schema does not allow it
+        (the module docstring gives the rule)."""
         enc = self._encoders.get(version)
         if enc is None:
             enc = self._encoders[version] = _struct_encoder(
                 self.fields, version, self.flexible(version))
-        enc(writer, msg)
+        try:
+            enc(writer, msg)
+        except EncodeError as e:
+            e.schema, e.version = self.name, version
+            raise
 
     def to_bytes(self, msg: Any, version: int) -> bytes:
         w = Writer()
@@ -153,8 +201,7 @@ def _as_uuid(v: Any) -> Any:
 
 def _prim_encoder(t: str, compact: bool) -> Encoder:
     if t in ("int8", "int16", "uint16", "int32", "uint32", "int64", "float64", "bool"):
-        m = getattr(Writer, t)
-        return lambda w, v: m(w, v or 0)
+        return getattr(Writer, t)
     if t == "uuid":
         return lambda w, v: w.uuid(_as_uuid(v))
     if t == "string":
@@ -190,55 +237,96 @@ def _field_decoder(f: Field, version: int, flexible: bool) -> Decoder:
     return _prim_decoder(f.type, compact, nullable)
 
 
+# Types whose writers take None (strings and bytes write a null, bool writes false): where
+# the version has no null they must refuse None themselves. The other writers fail on
+# None, and `_struct_encoder` reports it.
+_NONE_TAKING = ("string", "bytes", "records", "bool")
+
+
 def _field_encoder(f: Field, version: int, flexible: bool) -> Encoder:
     compact = flexible and not f.never_flexible
-    nullable = f.is_nullable(version)
     if f.type == "struct":
-        inner = _struct_encoder(f.fields, version, flexible)
-        if not f.is_nullable(version):
-            return lambda w, v: inner(w, v if v is not None else _default_struct(f.fields))
+        enc = _struct_encoder(f.fields, version, flexible)
+    elif f.type.startswith("[]"):
+        enc = _array_encoder(f, version, flexible, compact)
+    else:
+        enc = _prim_encoder(f.type, compact)
+    if f.is_nullable(version):
+        if f.type == "struct":
+            def write_struct(w: Writer, v: Any) -> None:
+                w.int8(-1 if v is None else 1)
+                if v is not None:
+                    enc(w, v)
 
-        def write_nullable(w: Writer, v: Any) -> None:
-            if v is None:
-                w.int8(-1)
-            else:
-                w.int8(1)
-                inner(w, v)
-
-        return write_nullable
-    if f.type.startswith("[]"):
-        elem_t = f.type[2:]
-        elem = (
-            _struct_encoder(f.fields, version, flexible)
-            if elem_t == "struct"
-            else _non_null_encoder(elem_t, compact, None)
-        )
-
-        def write_array(w: Writer, v: Any) -> None:
-            if v is None:
-                if nullable:
-                    w.array_length(None, compact)
-                    return
-                v = ()  # null is not on the wire at this version: the empty array is
-            w.array_length(len(v), compact)
-            for item in v:
-                elem(w, item)
-
-        return write_array
-    if nullable:
-        return _prim_encoder(f.type, compact)
-    return _non_null_encoder(f.type, compact, f.default)
-
-
-def _non_null_encoder(t: str, compact: bool, default: Any) -> Encoder:
-    """A string or bytes that may not be null here: None stands for the default, as a
-    missing attribute does, because a null on the wire would be undecodable by the peer."""
-    enc = _prim_encoder(t, compact)
-    if t not in ("string", "bytes"):
+            return write_struct
+        if f.type.startswith("[]"):
+            return lambda w, v: w.array_length(None, compact) if v is None else enc(w, v)
         return enc
-    if default is None:
-        default = "" if t == "string" else b""
-    return lambda w, v: enc(w, default if v is None else v)
+    if f.default_value() is None:
+        # None is this field's default, so it may stand for it; the version has no null,
+        # so the empty value goes out instead.
+        empty = _empty_value(f)
+        return lambda w, v: enc(w, empty if v is None else v)
+    if f.type in _NONE_TAKING:
+        return lambda w, v: enc(w, v) if v is not None else _refuse_none()
+    return enc
+
+
+_NOT_NULLABLE = "None, but the field is not nullable at this version"
+
+
+def _refuse_none() -> None:
+    raise EncodeError(_NOT_NULLABLE)
+
+
+def _empty_value(f: Field) -> Any:
+    """What a null default goes out as where the version has no null."""
+    if f.type == "struct":
+        return _default_struct(f.fields)
+    if f.type.startswith("[]"):
+        return ()
+    if f.type == "uuid":
+        return _uuid.UUID(int=0)  # Kafka's "no id"
+    return "" if f.type == "string" else b""
+
+
+def _array_encoder(f: Field, version: int, flexible: bool, compact: bool) -> Encoder:
+    """A non-null array, whose elements are never null."""
+    elem_t = f.type[2:]
+    if elem_t == "struct":
+        elem = _struct_encoder(f.fields, version, flexible)
+    else:
+        prim = _prim_encoder(elem_t, compact)
+        elem = (lambda w, v: prim(w, v) if v is not None else _refuse_none()) \
+            if elem_t in _NONE_TAKING else prim
+
+    def write(w: Writer, v: Any) -> None:
+        if isinstance(v, (dict, str, bytes, Message)):  # they have a len(), but are no array
+            raise EncodeError(f"a {type(v).__name__} where an array is expected")
+        w.array_length(len(v), compact)
+        for i, item in enumerate(v):
+            try:
+                elem(w, item)
+            except EncodeError as e:
+                e.segments.insert(0, f"[{i}]")
+                raise
+            except _VALUE_ERRORS as e:
+                raise _bad_value(f"[{i}]", elem_t, item, e) from e
+
+    return write
+
+
+# What the primitive writers raise for a value of the wrong type (or None).
+_VALUE_ERRORS = (_struct.error, TypeError, ValueError, AttributeError, OverflowError)
+
+
+def _bad_value(segment: str, t: str, v: Any, e: Exception) -> EncodeError:
+    if v is None:
+        err = EncodeError(_NOT_NULLABLE)
+    else:
+        err = EncodeError(f"{v!r} is not a valid {t} ({e})")
+    err.segments.append(segment)
+    return err
 
 
 @lru_cache(maxsize=None)
@@ -290,10 +378,37 @@ def _struct_encoder(fields: tuple[Field, ...], version: int, flexible: bool) -> 
         elif f.present(version) and f.tag is None:
             plain.append((f, _field_encoder(f, version, flexible)))
     tagged.sort(key=lambda fe: fe[0].tag)
+    known = frozenset(f.name for f in fields)
+
+    def check_keys(obj: Any) -> None:
+        if isinstance(obj, dict):
+            keys = obj
+        elif isinstance(obj, Message):
+            keys = obj.__dict__
+        elif obj is None:
+            raise EncodeError(_NOT_NULLABLE)
+        elif isinstance(obj, (str, bytes, int, float, list, tuple)):
+            raise EncodeError(f"a {type(obj).__name__} where a struct is expected")
+        else:
+            return  # any other object is read by attribute: its keys cannot be listed
+        if not known.issuperset(keys):
+            unknown = ", ".join(sorted(repr(k) for k in keys if k not in known))
+            raise EncodeError(f"unknown key {unknown}: not a field at any version")
+
+    def put(w: Writer, f: Field, enc: Encoder, v: Any) -> None:
+        try:
+            enc(w, v)
+        except EncodeError as e:
+            e.segments.insert(0, "." + f.name)
+            raise
+        except _VALUE_ERRORS as e:
+            raise _bad_value("." + f.name, f.type, v, e) from e
 
     def encode(w: Writer, obj: Any) -> None:
+        if type(obj) is not dict or not known.issuperset(obj):  # the common case, inline
+            check_keys(obj)
         for f, enc in plain:
-            enc(w, _value(obj, f))
+            put(w, f, enc, _value(obj, f))
         if not flexible:
             return
         present = []
@@ -301,7 +416,7 @@ def _struct_encoder(fields: tuple[Field, ...], version: int, flexible: bool) -> 
             v = _value(obj, f)
             if v != f.default_value():
                 sub = Writer()
-                enc(sub, v)
+                put(sub, f, enc, v)
                 present.append((f.tag, sub.getvalue()))
         w.uvarint(len(present))
         for tag, data in present:

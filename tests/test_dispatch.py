@@ -1,0 +1,204 @@
+"""The handler registry and the server's dispatch, in process: handlers are registered by
+`ApiKey` name, and a failing handler is answered with UNKNOWN_SERVER_ERROR (or its
+connection closed) with the traceback logged."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+import pytest
+
+from stratalog.gateway.errors import error_code
+from stratalog.gateway.handlers import load_handlers
+from stratalog.gateway.handlers.registry import (
+    HANDLERS,
+    Handler,
+    RequestContext,
+    handles,
+    supported_versions,
+)
+from stratalog.gateway.protocol.catalog import APIS, ApiKey
+from stratalog.gateway.protocol.error_codes import ErrorCode
+from stratalog.gateway.protocol.frames import (
+    decode_request,
+    decode_response,
+    encode_request,
+    encode_response,
+    error_response,
+)
+from stratalog.gateway.handlers.registry import Deferred
+from stratalog.gateway.server import GatewayServer
+
+
+def test_every_handler_is_registered_by_api_key_name():
+    load_handlers()
+    assert HANDLERS
+    for key, handler in HANDLERS.items():
+        assert type(key) is ApiKey and handler.api_key is key
+        assert key in APIS
+
+
+def test_handles_refuses_a_bare_number():
+    with pytest.raises(TypeError, match="ApiKey"):
+        handles(3, 0, 12)
+
+
+# --- handlers' responses through the strict encoder --------------------------------------
+
+class NoTopics:
+    """The broker surface Metadata and FindCoordinator use, for a cluster without topics."""
+
+    cluster_id = "c"
+    topics: dict = {}
+    topics_by_id: dict = {}
+
+    def live_brokers(self) -> list:
+        return []
+
+    def controller_id(self) -> int:
+        return 1
+
+    def coordinator_for(self, key: str):
+        return 1, "127.0.0.1", 9092
+
+
+async def answer(broker, api_key: ApiKey, version: int, body: dict):
+    """Run a handler on an encoded request and decode its encoded response, as a client would."""
+    load_handlers()
+    frame = encode_request(api_key, version, 5, body)
+    req = decode_request(frame[4:], supported_versions())
+    ctx = RequestContext(broker, req.api_key, version, req.client_id, "127.0.0.1:1")
+    resp = await HANDLERS[api_key].fn(ctx, req.body)
+    return decode_response(api_key, version, encode_response(api_key, version, 5, resp)[4:])[1]
+
+
+@pytest.mark.parametrize("version", [10, 11, 12])
+def test_metadata_unknown_topic_id_at_every_version_with_ids(version):
+    # Topic names are nullable from v12 only: v10-11 answer an unknown id with "".
+    tid = uuid.uuid4()
+    body = {"topics": [{"name": None, "topic_id": tid}]}
+    resp = asyncio.run(answer(NoTopics(), ApiKey.METADATA, version, body))
+    (topic,) = resp.topics
+    assert (topic.error_code, topic.topic_id) == (ErrorCode.UNKNOWN_TOPIC_ID, tid)
+    assert topic.name == (None if version >= 12 else "")
+
+
+@pytest.mark.parametrize("version", range(0, 7))
+def test_find_coordinator_answers_only_fields_of_its_version(version):
+    body = {"key": "g", "coordinator_keys": ["g"]}
+    resp = asyncio.run(answer(NoTopics(), ApiKey.FIND_COORDINATOR, version, body))
+    found = resp.coordinators[0] if version >= 4 else resp
+    assert (found.error_code, found.node_id, found.port) == (0, 1, 9092)
+
+
+# --- failures in a real server on loopback ------------------------------------------------
+
+async def boom(ctx, req):
+    raise RuntimeError("handler bug on purpose")
+
+
+async def typo(ctx, req):
+    return {"eror_code": 0}
+
+
+async def deferred_boom(ctx, req):
+    async def later():
+        raise RuntimeError("deferred bug on purpose")
+    return Deferred(later())
+
+
+async def mapped_in_handler(ctx, req):
+    try:
+        raise RuntimeError("storage bug on purpose")
+    except RuntimeError as e:
+        return {"error_code": error_code(e)}
+
+
+class Client:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.reader, self.writer = reader, writer
+
+    async def call(self, api_key: ApiKey, version: int, correlation_id: int, body: dict):
+        self.writer.write(encode_request(api_key, version, correlation_id, body))
+        size = int.from_bytes(await self.reader.readexactly(4), "big")
+        cid, resp = decode_response(api_key, version, await self.reader.readexactly(size))
+        assert cid == correlation_id
+        return resp
+
+    async def closed(self) -> bool:
+        return await asyncio.wait_for(self.reader.read(1), 5) == b""
+
+
+async def with_server(check, **handlers):
+    """Run `check(server, connect)` against a GatewayServer whose handlers for the given
+    API names are replaced."""
+    server = GatewayServer(object(), "127.0.0.1", 0, max_request_bytes=1 << 20)
+    saved = dict(HANDLERS)
+    for name, fn in handlers.items():
+        h = HANDLERS[ApiKey[name]]
+        HANDLERS[h.api_key] = Handler(h.api_key, h.min_version, h.max_version, fn)
+    await server.start()
+
+    async def connect() -> Client:
+        return Client(*await asyncio.open_connection("127.0.0.1", server.port))
+
+    try:
+        await check(server, connect)
+    finally:
+        HANDLERS.clear()
+        HANDLERS.update(saved)
+        await server.stop()
+
+
+HEARTBEAT = {"group_id": "g", "generation_id": 1, "member_id": "m"}
+
+
+def tracebacks(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.exc_info and r.levelno >= logging.ERROR]
+
+
+@pytest.mark.parametrize("handler,cause", [
+    (boom, "handler bug on purpose"),
+    (deferred_boom, "deferred bug on purpose"),
+    (typo, "unknown key 'eror_code'"),
+    (mapped_in_handler, "storage bug on purpose"),
+])
+def test_a_failing_handler_is_answered_unknown_server_error_and_logged(caplog, handler, cause):
+    async def check(server, connect):
+        c = await connect()
+        resp = await c.call(ApiKey.HEARTBEAT, 4, 31, HEARTBEAT)
+        assert resp.error_code == ErrorCode.UNKNOWN_SERVER_ERROR
+        # The same connection keeps being served.
+        versions = await c.call(ApiKey.API_VERSIONS, 3, 32, {})
+        assert versions.error_code == 0 and versions.api_keys
+
+    asyncio.run(with_server(check, HEARTBEAT=handler))
+    (record,) = tracebacks(caplog)  # logged once
+    text = caplog.text
+    assert "Heartbeat v4 (correlation id 31) from 127.0.0.1:" in record.getMessage()
+    assert "Traceback" in text and cause in text
+
+
+def test_a_failing_handler_without_a_top_level_error_code_closes_only_its_connection(caplog):
+    async def check(server, connect):
+        c = await connect()
+        with pytest.raises(asyncio.IncompleteReadError):
+            await c.call(ApiKey.METADATA, 9, 7, {"topics": []})
+        assert await c.closed()
+        other = await connect()
+        assert (await other.call(ApiKey.API_VERSIONS, 3, 8, {})).error_code == 0
+
+    asyncio.run(with_server(check, METADATA=boom))
+    (record,) = tracebacks(caplog)
+    message = record.getMessage()
+    assert "Metadata v9 (correlation id 7)" in message and "closing the connection" in message
+    assert "handler bug on purpose" in caplog.text
+
+
+def test_error_response_exists_where_the_version_has_a_top_level_error_code():
+    assert error_response(ApiKey.HEARTBEAT, 0, -1) == {"error_code": -1}
+    assert error_response(ApiKey.FETCH, 7, -1) == {"error_code": -1}
+    assert error_response(ApiKey.FETCH, 6, -1) is None  # per partition only before v7
+    assert error_response(ApiKey.PRODUCE, 9, -1) is None
