@@ -223,7 +223,6 @@ def retained_offsets(spark, plan: Plan):
     from stratalog.spark.datasource import StratalogDataSource
 
     spark.dataSource.register(StratalogDataSource)
-    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
     # From the log start: records below it are already deleted, so no key map keeps them.
     last = {p: max(g.last_offset for g in plan.groups_of(p)) for p in plan.partitions()}
     reader = (spark.read.format("stratalog").option("topic", plan.topic)

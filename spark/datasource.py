@@ -10,8 +10,8 @@ Examples
 >>> df.where("partition = 0 AND offset >= 1000").count()  # doctest: +SKIP
 
 Options are described in `spark.options`; rows have the Kafka source's columns
-(`spark.schema`). Filters on ``partition``, ``offset`` and ``timestamp`` are pushed down
-when ``spark.sql.python.filterPushdown.enabled`` is true.
+(`spark.schema`). Query filters are evaluated by Spark (see `spark.planning` for why none
+are pushed down); the offset, timestamp and `assign` options prune what is read.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader
 
 from stratalog.spark.metadata import open_metadata
 from stratalog.spark.options import parse_options
-from stratalog.spark.planning import Bounds, SegmentSlice, plan
+from stratalog.spark.planning import SegmentSlice, plan
 from stratalog.spark.reading import read_slice
 from stratalog.spark.schema import SPARK_SCHEMA
 
@@ -57,19 +57,12 @@ class StratalogReader(DataSourceReader):
 
     def __init__(self, options: dict) -> None:
         self.options = parse_options(options)
-        self.bounds = Bounds()
-
-    def pushFilters(self, filters):
-        for f in filters:
-            self.bounds, claimed = self.bounds.push(f)
-            if not claimed:
-                yield f
 
     def partitions(self):
         store = self.options.store.open()
         meta = open_metadata(store, self.options.topic, coordinator=self.options.coordinator,
                              topic_id=self.options.topic_id)
-        return plan(meta.snapshot(), self.options, self.bounds, store)
+        return plan(meta.snapshot(), self.options, store)
 
     def read(self, partition):
         if not isinstance(partition, SegmentSlice):

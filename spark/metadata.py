@@ -51,6 +51,13 @@ class TopicSnapshot:
     topic_id: uuid.UUID
     partitions: dict[int, PartitionSnapshot] = field(default_factory=dict)
 
+    def only(self, partitions: frozenset[int] | None) -> "TopicSnapshot":
+        """The snapshot restricted to `partitions` (the `assign` option); None keeps all."""
+        if partitions is None:
+            return self
+        return TopicSnapshot(self.topic, self.topic_id,
+                             {p: s for p, s in self.partitions.items() if p in partitions})
+
 
 class ManifestMetadata:
     """Reads a topic's newest manifest per partition from the object store.

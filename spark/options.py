@@ -2,7 +2,8 @@
 
 Names follow Spark's Kafka source where it has the option:
 
-    topic               required
+    topic               the topic (required unless `assign` names it)
+    assign              JSON {"<topic>": [0, 1]}: read only these partitions
     path                the object store URL (``load(URL)``): file:///dir or s3://bucket/prefix
     endpoint, region    S3 endpoint URL and region (default: the AWS configuration)
     pathStyle           true: address S3 buckets by path (MinIO, moto)
@@ -20,7 +21,8 @@ Names follow Spark's Kafka source where it has the option:
     maxOffsetsPerTrigger  stream: cap on records per micro-batch, spread over partitions
 
 Only sealed segments are visible: records still in a gateway's active segment appear once
-it seals (within `segment.ms`).
+it seals (within `segment.ms`). Filters in queries are evaluated by Spark, not pushed down
+(see `spark.planning`): these options are how a read skips partitions, segments and bytes.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class ReadOptions:
     max_bytes_per_partition: int
     read_chunk_bytes: int
     max_offsets_per_trigger: int | None
+    partitions: frozenset[int] | None = None  # `assign`: only these; None: every partition
 
 
 class _Lower(dict):
@@ -163,6 +166,22 @@ def parse_timestamp(name: str, raw: str | None, topic: str) -> TimestampSpec | N
     return TimestampSpec(partitions=partitions)
 
 
+def parse_assign(raw: str, topic: str | None) -> tuple[str, frozenset[int]]:
+    """Kafka's `assign` for one topic: (topic, partitions)."""
+    try:
+        doc = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise OptionError(f"option assign is not JSON: {exc}") from None
+    if (not isinstance(doc, dict) or len(doc) != 1 or not isinstance(next(iter(doc.values())), list)
+            or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 0
+                       for p in next(iter(doc.values())))):
+        raise OptionError(f'option assign must look like {{"<topic>": [0, 1]}} for one topic, got {raw!r}')
+    (name, partitions), = doc.items()
+    if topic and name != topic:
+        raise OptionError(f"option assign names topic {name!r} but option topic is {topic!r}")
+    return name, frozenset(partitions)
+
+
 def parse_options(options: Mapping[str, str], *, streaming: bool = False) -> ReadOptions:
     """Check and convert the options of one read; OptionError names the bad one.
 
@@ -175,6 +194,9 @@ def parse_options(options: Mapping[str, str], *, streaming: bool = False) -> Rea
     # Spark hands options in a case-insensitive dict whose keys come out lowercased.
     options = _Lower(options)
     topic = options.get("topic")
+    partitions = None
+    if options.get("assign") is not None:
+        topic, partitions = parse_assign(str(options.get("assign")), topic)
     if not topic:
         raise OptionError('option topic is required: .option("topic", "<name>")')
     url = options.get("path")
@@ -208,4 +230,5 @@ def parse_options(options: Mapping[str, str], *, streaming: bool = False) -> Rea
         max_bytes_per_partition=_positive(options, "maxBytesPerPartition", 128 << 20),
         read_chunk_bytes=_positive(options, "readChunkBytes", 8 << 20),
         max_offsets_per_trigger=_positive(options, "maxOffsetsPerTrigger", None),
+        partitions=partitions,
     )

@@ -37,9 +37,6 @@ def _start_position(store, s: SegmentSlice) -> int:
         index = _offset_index(store, s)
         position = max(position, index.lookup(s.start_offset)[1])
     lo_ms = s.seek_ts
-    if s.ts_lo_us is not None:
-        bound = -((-s.ts_lo_us) // 1000)
-        lo_ms = bound if lo_ms is None else max(lo_ms, bound)
     if lo_ms is not None and lo_ms > s.min_timestamp:
         # A time index entry (T, O) says every batch before the one holding O is below T.
         times = TimeIndex.from_bytes(s.base_offset, _sidecar(store, s, layout.TIMEINDEX))
@@ -114,10 +111,7 @@ def _read_records(store, s: SegmentSlice, key: str, position: int, end: int) -> 
     chunks = _Chunks(store, key, position, end, s.chunk_bytes)
     out = ArrowColumns(s.topic, s.partition)
     seek_ts, stop_ts = s.seek_ts, s.stop_ts
-    lo_us, hi_us = s.ts_lo_us, s.ts_hi_us
-    lo_ms = None if lo_us is None else -((-lo_us) // 1000)
     start_offset, end_offset = s.start_offset, s.end_offset
-    unfiltered = lo_us is None and hi_us is None and stop_ts is None
     previous_end = s.base_offset
     while position < end:
         view = chunks.ensure(position, HEADER_SIZE)
@@ -136,7 +130,6 @@ def _read_records(store, s: SegmentSlice, key: str, position: int, end: int) -> 
         if h.base_offset >= end_offset:
             break
         if (h.last_offset < start_offset or h.is_control
-                or (lo_ms is not None and h.max_timestamp < lo_ms)
                 or (seek_ts is not None and h.max_timestamp < seek_ts)):
             continue
         whole = chunks.ensure(batch_at, h.size)
@@ -147,7 +140,7 @@ def _read_records(store, s: SegmentSlice, key: str, position: int, end: int) -> 
         except CorruptBatch as exc:
             raise CorruptSegment(f"{key} batch at byte {batch_at} (offset {h.base_offset}): {exc}") from exc
         timestamp_type = 1 if h.timestamp_type == LOG_APPEND_TIME else 0
-        if unfiltered and seek_ts is None and start_offset <= h.base_offset and h.last_offset < end_offset:
+        if stop_ts is None and seek_ts is None and start_offset <= h.base_offset and h.last_offset < end_offset:
             out.extend(records, timestamp_type)  # the common case: every record counts
         else:
             stopped, seek_ts = _add_filtered(out, records, timestamp_type, s, seek_ts, stop_ts)
@@ -161,12 +154,11 @@ def _read_records(store, s: SegmentSlice, key: str, position: int, end: int) -> 
 
 def _add_filtered(out: ArrowColumns, records, timestamp_type: int, s: SegmentSlice,
                   seek_ts: int | None, stop_ts: int | None) -> tuple[bool, int | None]:
-    """Add the records of one batch that pass the slice's bounds.
+    """Add the records of one batch within the slice's offsets and timestamps.
 
     Returns whether `stop_ts` was reached, and the seek timestamp still pending (None once
     the first record at or after it was seen: every later record counts whatever its time).
     """
-    lo_us, hi_us = s.ts_lo_us, s.ts_hi_us
     start_offset, end_offset = s.start_offset, s.end_offset
     for r in records:
         offset, ts = r.offset, r.timestamp
@@ -177,10 +169,6 @@ def _add_filtered(out: ArrowColumns, records, timestamp_type: int, s: SegmentSli
         if stop_ts is not None and ts >= stop_ts:
             return True, seek_ts
         if offset < start_offset or offset >= end_offset:
-            continue
-        if lo_us is not None and ts * 1000 < lo_us:
-            continue
-        if hi_us is not None and ts * 1000 > hi_us:
             continue
         out.add(r.key, r.value, offset, ts, timestamp_type, r.headers)
     return False, seek_ts

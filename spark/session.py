@@ -1,4 +1,4 @@
-"""A SparkSession ready for Stratalog jobs: the data source registered, pushdown on.
+"""A SparkSession ready for Stratalog jobs, with the data source registered.
 
 Examples
 --------
@@ -27,7 +27,7 @@ def get_session(master: str | None = None, *, app_name: str = "stratalog", conf:
     from stratalog.spark.datasource import StratalogDataSource
 
     builder = SparkSession.builder.appName(app_name).master(master or "local[*]")
-    settings = {"spark.sql.python.filterPushdown.enabled": "true", **(conf or {})}
+    settings = dict(conf or {})
     if (master or "local").startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         settings.setdefault("spark.ui.enabled", "false")
@@ -35,6 +35,5 @@ def get_session(master: str | None = None, *, app_name: str = "stratalog", conf:
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
     spark.dataSource.register(StratalogDataSource)
     return spark

@@ -25,7 +25,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, Supp
 
 from stratalog.spark.metadata import TopicNotFound, open_metadata
 from stratalog.spark.options import EARLIEST, LATEST, OptionError, parse_options
-from stratalog.spark.planning import Bounds, DataLoss, first_offset_at, plan_partition
+from stratalog.spark.planning import DataLoss, first_offset_at, plan_partition
 
 
 class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -48,7 +48,7 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                                        coordinator=self.options.coordinator,
                                        topic_id=self.options.topic_id)
         try:
-            return self._meta.snapshot()
+            return self._meta.snapshot().only(self.options.partitions)
         except TopicNotFound:
             return None
 
@@ -122,7 +122,7 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                                f"the log now starts at {snap.start} (retention removed records "
                                "before they were read); set failOnDataLoss=false to skip them")
             slices.extend(plan_partition(snap, self.options.topic, max(first, snap.start), stop,
-                                         Bounds(), self._plain, self._store))
+                                         self._plain, self._store))
         return slices
 
     def read(self, partition):

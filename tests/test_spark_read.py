@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from conftest import GatewayProcess
 from stratalog.spark.objects import StoreSpec
@@ -50,6 +52,8 @@ def _fill(gw: GatewayProcess, spec: StoreSpec) -> dict[str, list[Consumed]]:
     truth = {}
     topics = {f"codec-{c}": (c, {}) for c in CODECS}
     topics["append-time"] = ("lz4", {"message.timestamp.type": "LogAppendTime"})
+    # Few segments, so that the many queries of the property test each cost little.
+    topics["queries"] = ("none", {"segment.bytes": 1 << 20})
     for n, (topic, (codec, configs)) in enumerate(topics.items()):
         create_topic(gw.bootstrap, topic, PARTITIONS, configs)
         produce(gw.bootstrap, topic, _records(n), compression=codec, batch_size=2048)
@@ -143,7 +147,7 @@ def _segments(cluster, topic, partition):
     return ManifestMetadata(cluster.spec.open(), topic).snapshot().partitions[partition].segments
 
 
-def test_offset_pushdown_skips_segments_and_uses_the_index(spark, file_cluster):
+def test_offset_options_skip_segments_and_use_the_index(spark, file_cluster):
     topic = "codec-none"
     segs = _segments(file_cluster, topic, 0)
     target = next(s for s in segs[1:] if s.last_offset - s.base_offset >= 20)
@@ -152,7 +156,9 @@ def test_offset_pushdown_skips_segments_and_uses_the_index(spark, file_cluster):
     index = OffsetIndex.from_bytes(target.base_offset, file_cluster.spec.open().get(target.key_base + ".index"))
     expected_start = index.lookup(lo)[1]
     assert expected_start > 0
-    df = file_cluster.read(spark, topic).where(f"partition = 0 AND offset >= {lo} AND offset < {hi}")
+    df = file_cluster.read(spark, topic, assign=json.dumps({topic: [0]}),
+                           startingOffsets=json.dumps({topic: {"0": lo}}),
+                           endingOffsets=json.dumps({topic: {"0": hi}}))
     with reads_traced() as reads:
         got = rows_of(df)
     assert got == [r for r in file_cluster.truth[topic] if r.partition == 0 and lo <= r.offset < hi]
@@ -163,15 +169,16 @@ def test_offset_pushdown_skips_segments_and_uses_the_index(spark, file_cluster):
     assert any(k == target.key_base + ".index" for k, _, _ in reads)
 
 
-def test_timestamp_pushdown_skips_segments_and_byte_ranges(spark, file_cluster):
+def test_starting_timestamp_skips_segments_and_byte_ranges(spark, file_cluster):
     topic = "codec-gzip"
     segs = _segments(file_cluster, topic, 1)
     target = next(s for s in segs[1:] if s.max_timestamp - s.min_timestamp >= 20_000)
     since = (target.min_timestamp + (target.max_timestamp - target.min_timestamp) * 3 // 4) // 1000 * 1000
-    when = dt.datetime.fromtimestamp(since / 1000, tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-    df = file_cluster.read(spark, topic).where(f"partition = 1 AND timestamp >= '{when}'")
+    df = file_cluster.read(spark, topic, assign=json.dumps({topic: [1]}),
+                           startingTimestamp=json.dumps({topic: {"1": since}}))
     with reads_traced() as reads:
         got = rows_of(df)
+    # Timestamps grow with offsets here, so "from the first record at or after" is this filter.
     assert got == [r for r in file_cluster.truth[topic] if r.partition == 1 and r.timestamp >= since]
     logs = _log_reads(reads)
     opened = {k for k, _, _ in logs}
@@ -193,10 +200,10 @@ def test_upper_timestamp_bound_is_exact(spark, file_cluster):
     assert got == [r for r in file_cluster.truth[topic] if r.timestamp < cut]
 
 
-def test_partition_pushdown_reads_one_partition(spark, file_cluster):
+def test_assign_reads_one_partition(spark, file_cluster):
     topic = "codec-lz4"
     with reads_traced() as reads:
-        got = rows_of(file_cluster.read(spark, topic).where("partition = 1"))
+        got = rows_of(file_cluster.read(spark, topic, assign=json.dumps({topic: [1]})))
     assert got == [r for r in file_cluster.truth[topic] if r.partition == 1]
     assert all("/1/" in k for k, _, _ in _log_reads(reads))
 
@@ -344,25 +351,6 @@ def test_coordinator_option_plans_from_etcd(spark, tmp_path):
 # ---- planning without Spark ----------------------------------------------------------
 
 
-def test_pushed_filters_narrow_bounds_and_say_what_they_claim():
-    from pyspark.sql.datasource import EqualTo, GreaterThan, In, LessThanOrEqual, Not, StringStartsWith
-
-    from stratalog.spark.planning import Bounds
-
-    b = Bounds()
-    claimed = []
-    for f in [In(("partition",), (0, 2)), GreaterThan(("offset",), 9), LessThanOrEqual(("offset",), 20),
-              In(("offset",), (12, 30)), GreaterThan(("timestamp",), dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)),
-              Not(EqualTo(("partition",), 0)), StringStartsWith(("topic",), "x")]:
-        b, ok = b.push(f)
-        claimed.append(ok)
-    assert claimed == [True, True, True, False, True, False, False]
-    assert (b.partitions, b.offset_lo, b.offset_hi) == (frozenset({0, 2}), 12, 21)
-    assert b.ts_lo_us == 1_704_067_200_000_000 + 1 and b.ts_hi_us is None
-    assert b.allows_partition(2) and not b.allows_partition(1)
-    assert b.push(EqualTo(("offset",), 3))[0].empty
-
-
 def test_options_parse_and_reject_cleanly():
     from stratalog.spark.options import EARLIEST, LATEST, OptionError, parse_options
 
@@ -376,5 +364,134 @@ def test_options_parse_and_reject_cleanly():
         parse_options({"topic": "t", "path": "file:///x", "startingOffsets": "latest"})
     with pytest.raises(OptionError, match="must be positive"):
         parse_options({"topic": "t", "path": "file:///x", "readChunkBytes": "0"})
+    a = parse_options({"path": "file:///x", "assign": '{"t": [2, 0]}'})
+    assert (a.topic, a.partitions) == ("t", frozenset({0, 2}))
+    assert parse_options({"topic": "t", "path": "file:///x"}).partitions is None
+    with pytest.raises(OptionError, match="names topic 'u'"):
+        parse_options({"topic": "t", "path": "file:///x", "assign": '{"u": [0]}'})
+    with pytest.raises(OptionError, match="for one topic"):
+        parse_options({"path": "file:///x", "assign": '{"t": ["0"]}'})
     with pytest.raises(OptionError, match="file:///absolute"):
         parse_options({"topic": "t", "path": "file://relative/x"})
+
+
+# ---- the same DataFrame, queried again and again -------------------------------------
+
+PUSHDOWN = "spark.sql.python.filterPushdown.enabled"
+
+
+@pytest.fixture
+def pushdown_conf(spark):
+    """Restores Spark's filter pushdown setting after a test that changes it."""
+    before = spark.conf.get(PUSHDOWN, None)
+    yield
+    if before is None:
+        spark.conf.unset(PUSHDOWN)
+    else:
+        spark.conf.set(PUSHDOWN, before)
+
+
+def test_a_dataframe_reused_after_a_filtered_query_returns_every_row(spark, file_cluster, pushdown_conf):
+    spark.conf.set(PUSHDOWN, "true")
+    topic = "codec-none"
+    truth = file_cluster.truth[topic]
+    df = file_cluster.read(spark, topic)
+    assert df.count() == len(truth)
+    filtered = [r for r in truth if r.partition == 1 and r.offset >= 100]
+    assert filtered and df.where("partition = 1 AND offset >= 100").count() == len(filtered)
+    # The queries the issue saw come back empty or filtered: all of them must see every row.
+    assert df.count() == len(truth)
+    assert rows_of(df) == truth
+    assert len(df.selectExpr("CAST(key AS STRING) AS k", "offset").collect()) == len(truth)
+    assert df.where("partition = 0").count() == len([r for r in truth if r.partition == 0])
+    assert rows_of(df) == truth
+
+
+@pytest.mark.parametrize("setting", [None, "false", "true"])
+def test_reads_work_whatever_the_pushdown_setting(spark, file_cluster, pushdown_conf, setting):
+    if setting is None:
+        spark.conf.unset(PUSHDOWN)
+    else:
+        spark.conf.set(PUSHDOWN, setting)
+    topic = "codec-lz4"
+    got = rows_of(file_cluster.read(spark, topic).where("offset >= 10"))
+    assert got == [r for r in file_cluster.truth[topic] if r.offset >= 10]
+
+
+# One conjunct of a query's filter: SQL for Spark, and the same test on a consumed record.
+Conjunct = tuple[str, "object"]
+
+
+def _ts_sql(ms: int) -> str:
+    when = dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return f"TIMESTAMP '{when}'"
+
+
+def _conjuncts() -> st.SearchStrategy:
+    offsets = st.integers(min_value=-5, max_value=RECORDS // PARTITIONS + 5)
+    times = st.integers(min_value=-5, max_value=RECORDS + 5).map(lambda i: BASE_TS + i * 1000)
+    keys = st.integers(min_value=0, max_value=45)
+    return st.one_of(
+        st.integers(min_value=-1, max_value=PARTITIONS).map(
+            lambda p: (f"partition = {p}", lambda r: r.partition == p)),
+        st.integers(min_value=0, max_value=PARTITIONS).map(
+            lambda p: (f"partition != {p}", lambda r: r.partition != p)),
+        st.sets(st.integers(min_value=0, max_value=PARTITIONS), min_size=1, max_size=3).map(
+            lambda ps: (f"partition IN ({', '.join(map(str, sorted(ps)))})", lambda r: r.partition in ps)),
+        offsets.map(lambda o: (f"offset >= {o}", lambda r: r.offset >= o)),
+        offsets.map(lambda o: (f"offset < {o}", lambda r: r.offset < o)),
+        offsets.map(lambda o: (f"offset = {o}", lambda r: r.offset == o)),
+        st.tuples(offsets, offsets).map(
+            lambda ab: (f"offset BETWEEN {ab[0]} AND {ab[1]}", lambda r: ab[0] <= r.offset <= ab[1])),
+        st.sets(offsets, min_size=1, max_size=4).map(
+            lambda os_: (f"offset IN ({', '.join(map(str, sorted(os_)))})", lambda r: r.offset in os_)),
+        times.map(lambda t: (f"timestamp >= {_ts_sql(t)}", lambda r: r.timestamp >= t)),
+        times.map(lambda t: (f"timestamp < {_ts_sql(t)}", lambda r: r.timestamp < t)),
+        st.just(("key IS NULL", lambda r: r.key is None)),
+        st.just(("key IS NOT NULL", lambda r: r.key is not None)),
+        keys.map(lambda k: (f"key = CAST('key-{k}' AS BINARY)", lambda r: r.key == b"key-%d" % k)),
+        st.just(("value IS NULL", lambda r: r.value is None)),
+        st.integers(min_value=0, max_value=200).map(
+            lambda n: (f"length(value) > {n}", lambda r: r.value is not None and len(r.value) > n)),
+    )
+
+
+QUERIES = st.lists(_conjuncts(), min_size=0, max_size=4)
+# Each example runs its query twice (pushdown on and off): about half a second here.
+EXAMPLES_PER_STORE = 200
+
+
+def _check_queries(spark, cluster) -> None:
+    """Random conjunctions, in random order, on ONE DataFrame read with pushdown enabled,
+    against the same query on a DataFrame read with it disabled and the consumer's view."""
+    topic = "queries"
+    truth = cluster.truth[topic]
+    spark.conf.set(PUSHDOWN, "true")
+    reused = cluster.read(spark, topic)
+
+    def keys(df, conjuncts) -> list[tuple[int, int]]:
+        if conjuncts:
+            df = df.where(" AND ".join(f"({sql})" for sql, _ in conjuncts))
+        return sorted((r.partition, r.offset) for r in df.select("partition", "offset").collect())
+
+    @settings(max_examples=EXAMPLES_PER_STORE, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(QUERIES)
+    def check(conjuncts):
+        expected = sorted((r.partition, r.offset) for r in truth if all(test(r) for _, test in conjuncts))
+        assert keys(reused, conjuncts) == expected, [sql for sql, _ in conjuncts]
+        spark.conf.set(PUSHDOWN, "false")
+        try:
+            assert keys(cluster.read(spark, topic), conjuncts) == expected, [sql for sql, _ in conjuncts]
+        finally:
+            spark.conf.set(PUSHDOWN, "true")
+
+    check()
+
+
+def test_random_queries_on_one_dataframe_match_the_consumer_on_file_store(spark, file_cluster, pushdown_conf):
+    _check_queries(spark, file_cluster)
+
+
+def test_random_queries_on_one_dataframe_match_the_consumer_on_s3(spark, s3_cluster, pushdown_conf):
+    _check_queries(spark, s3_cluster)
