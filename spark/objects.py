@@ -7,7 +7,7 @@ Keys are the ones `tiering.layout` builds, relative to the store's root or prefi
 
 Every ranged read is appended to the file named by the environment variable
 `STRATALOG_READ_TRACE`, when it is set, as one line ``GET <key> <start> <end>``: operators
-use it to see what a query fetched, and the tests use it to check that pushdown skips
+use it to see what a query fetched, and the tests use it to check that the options skip
 segments and byte ranges.
 """
 

@@ -15,7 +15,8 @@ import sys
 
 def get_session(master: str | None = None, *, app_name: str = "stratalog", conf: dict | None = None):
     """The active session (or a new one on `master`, default ``local[*]``), with the
-    `stratalog` data source registered and Python filter pushdown enabled.
+    `stratalog` data source registered (also found by its short name without it, when
+    the package is installed).
 
     Python workers run this interpreter unless PYSPARK_PYTHON says otherwise, so they see
     the same installed packages as the driver.
