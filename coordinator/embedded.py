@@ -204,7 +204,7 @@ class EmbeddedKV:
                                                 lease or 0))
         return Event("put", key, bytes(value), rev)
 
-    def _apply(self, ops: list[Op], rev: int) -> list[Event]:
+    def _apply(self, ops: Sequence[Op], rev: int) -> list[Event]:
         events: list[Event] = []
         for op in ops:
             if isinstance(op, Put):
@@ -223,7 +223,7 @@ class EmbeddedKV:
                                    (c.key.encode(),)).fetchone()
         if c.target == "value":
             # etcd: a value compare on a missing key fails whatever the operator.
-            operand = bytes(c.operand)  # type: ignore[arg-type]
+            operand = bytes(c.operand)
             return row is not None and _holds(bytes(row[0]), c.op, operand)
         if c.target == "mod":
             return _holds(row[1] if row else 0, c.op, int(c.operand))

@@ -93,10 +93,11 @@ class EtcdKV:
         """Forget a client that failed, unless another call already replaced it."""
         if client is None or client is not self._client:
             return
+        failed: aetcd.Client = client
         self._client = None
         self._next += 1
         try:
-            await self._bounded(client.close())
+            await self._bounded(failed.close())
         except Exception:  # noqa: BLE001 - the channel is already broken; nothing to keep
             log.debug("closing a broken etcd channel failed", exc_info=True)
 
@@ -210,7 +211,7 @@ class EtcdKV:
     def _compare(c: Compare) -> rpc.Compare:
         msg = rpc.Compare(key=c.key.encode(), target=_TARGETS[c.target], result=_RESULTS[c.op])
         if c.target == "value":
-            msg.value = bytes(c.operand)  # type: ignore[arg-type]
+            msg.value = bytes(c.operand)
         elif c.target == "mod":
             msg.mod_revision = int(c.operand)
         else:
@@ -284,10 +285,9 @@ class EtcdKV:
         async def pump() -> None:
             try:
                 async for ev in inner:
-                    kind = "put" if ev.kind == "PUT" else "delete"
-                    watch.push(Event(kind, ev.kv.key.decode(),
-                                     bytes(ev.kv.value) if kind == "put" else b"",
-                                     ev.kv.mod_revision))
+                    put = ev.kind == "PUT"
+                    watch.push(Event("put" if put else "delete", ev.kv.key.decode(),
+                                     bytes(ev.kv.value) if put else b"", ev.kv.mod_revision))
                 watch.push(None)
             except asyncio.CancelledError:
                 raise

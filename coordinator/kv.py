@@ -219,7 +219,7 @@ def prefix_end(prefix: bytes) -> bytes | None:
     return None
 
 
-def request_bytes(compares: list[Compare], ops: list[Op]) -> int:
+def request_bytes(compares: Sequence[Compare], ops: Sequence[Op]) -> int:
     """Approximate wire size of a transaction: keys and values plus a little per entry."""
     n = 0
     for c in compares:
@@ -234,7 +234,7 @@ def request_bytes(compares: list[Compare], ops: list[Op]) -> int:
     return n
 
 
-def check_txn(compares: list[Compare], success: list[Op], failure: list[Op],
+def check_txn(compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op],
               max_ops: int, max_bytes: int) -> None:
     """Refuse what etcd would refuse: too many ops, too many bytes, or a key written twice."""
     for name, items in (("compares", compares), ("success ops", success),

@@ -41,7 +41,7 @@ import asyncio
 import json
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 from urllib.parse import quote, unquote
 
 from stratalog.coordinator.kv import (
@@ -215,13 +215,13 @@ class _Index:
         elif kind == "wal" and len(parts) in (3, 4):
             try:
                 ws = (int(parts[1]), int(parts[2]))
-                part = int(parts[3]) if len(parts) == 4 else None
+                part = int(parts[3]) if len(parts) == 4 else -1
             except ValueError:
                 raise CoordinatorError(f"malformed coordinator key {key}") from None
             d = _loads(key, value)
             if not isinstance(d, dict):
                 raise CoordinatorError(f"corrupt WAL entry at {key}")
-            if len(parts) == 3:
+            if part < 0:
                 self.wal_heads[ws] = d
             else:
                 self.wal_parts.setdefault(ws, {})[part] = _ranges(key, d.get("ranges"))
@@ -337,7 +337,7 @@ class KVClusterStore:
     def _budget(self) -> int:
         return int(self.kv.max_request_bytes * _REQUEST_BUDGET)
 
-    async def _batched(self, ops: list[Op], extra: list[Op] = ()) -> None:
+    async def _batched(self, ops: Sequence[Op], extra: Sequence[Op] = ()) -> None:
         """Apply ops in as few unconditional transactions as the limits allow, each one
         carrying `extra` too (e.g. the deletion mark)."""
         extra = list(extra)
@@ -408,7 +408,7 @@ class KVClusterStore:
         await self.kv.revoke(lease)
 
     async def register_broker(self, broker_id: int, host: str, port: int, rack: str | None,
-                              lease: int, lagging: list[str] = ()) -> None:
+                              lease: int, lagging: Sequence[str] = ()) -> None:
         """Announce a live broker under a lease (it disappears when the lease ends), with the
         partitions ("topic_id/p") whose committed data it has not yet caught up on."""
         await self.kv.put(self._k(f"brokers/{broker_id}"),

@@ -30,8 +30,9 @@ if command -v npm >/dev/null; then
     || echo "could not install kafkajs or its codecs; those tests will skip"
 fi
 
-# Lint before the long run: a finding fails the command at once.
+# Lint and type-check before the long run: a finding fails the command at once.
 .venv/bin/ruff check --quiet .
+.venv/bin/python tools/typecheck.py
 
 export PYSPARK_PYTHON="$PWD/.venv/bin/python"
 export PYSPARK_DRIVER_PYTHON="$PWD/.venv/bin/python"

@@ -256,7 +256,7 @@ class Record:
     headers: list[tuple[str, bytes | None]]
 
 
-def _read_varint(data: bytes, pos: int, end: int, max_bytes: int) -> tuple[int, int]:
+def _read_varint(data: bytes | memoryview, pos: int, end: int, max_bytes: int) -> tuple[int, int]:
     result = 0
     shift = 0
     limit = max_bytes * 7
@@ -273,14 +273,14 @@ def _read_varint(data: bytes, pos: int, end: int, max_bytes: int) -> tuple[int, 
             raise CorruptBatch(f"varint longer than {max_bytes} bytes")
 
 
-def _read_int32_varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
+def _read_int32_varint(data: bytes | memoryview, pos: int, end: int) -> tuple[int, int]:
     value, pos = _read_varint(data, pos, end, 5)
     if not _INT32_MIN <= value <= _INT32_MAX:
         raise CorruptBatch(f"varint {value} does not fit in 32 bits")
     return value, pos
 
 
-def _read_bytes(data: bytes, pos: int, end: int, what: str) -> tuple[bytes | None, int]:
+def _read_bytes(data: bytes | memoryview, pos: int, end: int, what: str) -> tuple[bytes | None, int]:
     length, pos = _read_int32_varint(data, pos, end)
     if length == -1:
         return None, pos
@@ -288,7 +288,7 @@ def _read_bytes(data: bytes, pos: int, end: int, what: str) -> tuple[bytes | Non
         raise CorruptBatch(f"negative {what} length {length}")
     if pos + length > end:
         raise CorruptBatch(f"{what} of {length} bytes overruns its record")
-    return data[pos:pos + length], pos + length
+    return bytes(data[pos:pos + length]), pos + length
 
 
 def decode_records(
@@ -314,6 +314,7 @@ def decode_records(
     section = view[HEADER_SIZE:]
     if header.records_count == 0 and not len(section):
         return []
+    plain: bytes | memoryview
     if header.compression == codecs.NONE:
         plain = view
     else:
@@ -378,7 +379,7 @@ def _put_varint(out: bytearray, value: int) -> None:
     out.append(zigzag)
 
 
-def _put_bytes(out: bytearray, data: bytes | None) -> None:
+def _put_bytes(out: bytearray, data: bytes | bytearray | memoryview | None) -> None:
     if data is None:
         out.append(1)  # zigzag(-1)
         return
@@ -437,7 +438,8 @@ def build_batch(
         else:
             key, value = item[0], item[1]
             headers = item[2] if len(item) > 2 else []
-            stamp, delta = default_ts, index
+            # default_ts is None only when `timestamps` gives every record's time.
+            stamp, delta = default_ts if default_ts is not None else 0, index
         if timestamps is not None:
             stamp = timestamps[index]
         if offset_deltas is not None:
@@ -502,7 +504,7 @@ def build_batch(
     return bytes(out)
 
 
-def _bytes_or_none(data, what: str) -> bytes | None:
+def _bytes_or_none(data, what: str) -> bytes | bytearray | memoryview | None:
     if data is None or isinstance(data, (bytes, bytearray, memoryview)):
         return data
     raise TypeError(f"{what} must be bytes or None, not {type(data).__name__}")

@@ -33,6 +33,7 @@ import hashlib
 import io
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 import crc32c
 import fastavro
@@ -192,7 +193,7 @@ def read_manifest(data: bytes | bytearray | memoryview, key: str | None = None) 
     the object in errors."""
     try:
         reader = fastavro.reader(io.BytesIO(bytes(data)))
-        records = list(reader)
+        records: list[Any] = list(reader)  # each a dict shaped by the schema
         schema_name = reader.writer_schema.get("name") if isinstance(reader.writer_schema, dict) else None
         metadata = reader.metadata
     except Exception as exc:  # fastavro raises many types on garbage; all mean the same here

@@ -161,7 +161,9 @@ def generate_catalog(src: Path) -> str:
     parts.append("\nclass ApiKey(IntEnum):\n"
                  '    """The APIs above, by the key a request header carries."""\n\n')
     parts.extend(f"    {var} = {key}\n" for key, _name, var in apis)
-    parts.append("\n\n# api key -> (name, request schema, response schema)\nAPIS = {\n")
+    parts.append("\n\n# api key -> (name, request schema, response schema); keyed by ApiKey members, typed\n"
+                 "# by int so that a key decoded from a request header looks its API up as it is.\n"
+                 "APIS: dict[int, tuple[str, Schema, Schema]] = {\n")
     parts.extend(f"    ApiKey.{var}: ({name!r}, {var}_REQUEST, {var}_RESPONSE),\n"
                  for _key, name, var in apis)
     parts.append("}\n")

@@ -830,8 +830,9 @@ class ApiKey(IntEnum):
     DESCRIBE_PRODUCERS = 61
 
 
-# api key -> (name, request schema, response schema)
-APIS = {
+# api key -> (name, request schema, response schema); keyed by ApiKey members, typed
+# by int so that a key decoded from a request header looks its API up as it is.
+APIS: dict[int, tuple[str, Schema, Schema]] = {
     ApiKey.PRODUCE: ('Produce', PRODUCE_REQUEST, PRODUCE_RESPONSE),
     ApiKey.FETCH: ('Fetch', FETCH_REQUEST, FETCH_RESPONSE),
     ApiKey.LIST_OFFSETS: ('ListOffsets', LIST_OFFSETS_REQUEST, LIST_OFFSETS_RESPONSE),

@@ -186,8 +186,8 @@ def _prim_decoder(t: str, compact: bool, nullable: bool) -> Decoder:
         m = Reader.compact_string if compact else Reader.string
         return lambda r: m(r, nullable)
     if t == "bytes":
-        m = Reader.compact_bytes if compact else Reader.bytes
-        return lambda r: m(r, nullable)
+        mb = Reader.compact_bytes if compact else Reader.bytes
+        return lambda r: mb(r, nullable)
     if t == "records":
         return lambda r: r.records(compact)
     raise ValueError(f"unknown type {t}")
@@ -282,7 +282,7 @@ def _refuse_none() -> None:
 def _empty_value(f: Field) -> Any:
     """What a null default goes out as where the version has no null."""
     if f.type == "struct":
-        return _default_struct(f.fields)
+        return _default_struct(f.fields or ())
     if f.type.startswith("[]"):
         return ()
     if f.type == "uuid":
@@ -335,7 +335,7 @@ def _struct_decoder(fields: tuple[Field, ...], version: int, flexible: bool) -> 
     tagged: dict[int, tuple[str, Decoder]] = {}
     absent: list[Field] = []
     for f in fields:
-        if flexible and f.is_tagged(version):
+        if flexible and f.tag is not None and f.is_tagged(version):
             tagged[f.tag] = (f.name, _field_decoder(f, version, flexible))
             absent.append(f)
         elif f.present(version) and f.tag is None:
@@ -371,13 +371,13 @@ def _struct_decoder(fields: tuple[Field, ...], version: int, flexible: bool) -> 
 @lru_cache(maxsize=None)
 def _struct_encoder(fields: tuple[Field, ...], version: int, flexible: bool) -> Encoder:
     plain: list[tuple[Field, Encoder]] = []
-    tagged: list[tuple[Field, Encoder]] = []
+    tagged: list[tuple[int, Field, Encoder]] = []
     for f in fields:
-        if flexible and f.is_tagged(version):
-            tagged.append((f, _field_encoder(f, version, flexible)))
+        if flexible and f.tag is not None and f.is_tagged(version):
+            tagged.append((f.tag, f, _field_encoder(f, version, flexible)))
         elif f.present(version) and f.tag is None:
             plain.append((f, _field_encoder(f, version, flexible)))
-    tagged.sort(key=lambda fe: fe[0].tag)
+    tagged.sort(key=lambda tfe: tfe[0])
     known = frozenset(f.name for f in fields)
 
     def check_keys(obj: Any) -> None:
@@ -412,12 +412,12 @@ def _struct_encoder(fields: tuple[Field, ...], version: int, flexible: bool) -> 
         if not flexible:
             return
         present = []
-        for f, enc in tagged:
+        for tag, f, enc in tagged:
             v = _value(obj, f)
             if v != f.default_value():
                 sub = Writer()
                 put(sub, f, enc, v)
-                present.append((f.tag, sub.getvalue()))
+                present.append((tag, sub.getvalue()))
         w.uvarint(len(present))
         for tag, data in present:
             w.uvarint(tag)

@@ -6,6 +6,7 @@ Everything here works on in-memory buffers; nothing reads a socket.
 
 from __future__ import annotations
 
+import builtins  # Reader and Writer have methods named bool and bytes
 import struct
 import uuid
 
@@ -94,22 +95,22 @@ class Reader:
         start = self._take(n)
         return self.buf[start:start + n]
 
-    def _sized(self, n: int, nullable: bool) -> memoryview | None:
+    def _sized(self, n: int, nullable: builtins.bool) -> memoryview | None:
         if n < 0:
             if n == -1 and nullable:
                 return None
             raise DecodeError(f"invalid length {n}")
         return self.raw(n)
 
-    def bytes(self, nullable: bool = False) -> bytes | None:
+    def bytes(self, nullable: builtins.bool = False) -> builtins.bytes | None:
         v = self._sized(self.int32(), nullable)
         return None if v is None else bytes(v)
 
-    def compact_bytes(self, nullable: bool = False) -> bytes | None:
+    def compact_bytes(self, nullable: builtins.bool = False) -> builtins.bytes | None:
         v = self._sized(self.uvarint() - 1, nullable)
         return None if v is None else bytes(v)
 
-    def records(self, compact: bool) -> memoryview | None:
+    def records(self, compact: builtins.bool) -> memoryview | None:
         """A record set stays a view of the request buffer: it is passed through, never copied."""
         n = self.uvarint() - 1 if compact else self.int32()
         return self._sized(n, True)
@@ -122,13 +123,13 @@ class Reader:
         except UnicodeDecodeError as e:
             raise DecodeError(f"string is not UTF-8: {e}") from None
 
-    def string(self, nullable: bool = False) -> str | None:
+    def string(self, nullable: builtins.bool = False) -> str | None:
         return self._text(self._sized(self.int16(), nullable))
 
-    def compact_string(self, nullable: bool = False) -> str | None:
+    def compact_string(self, nullable: builtins.bool = False) -> str | None:
         return self._text(self._sized(self.uvarint() - 1, nullable))
 
-    def array_length(self, compact: bool, nullable: bool = False) -> int | None:
+    def array_length(self, compact: builtins.bool, nullable: builtins.bool = False) -> int | None:
         n = self.uvarint() - 1 if compact else self.int32()
         if n < 0:
             if n == -1 and nullable:
@@ -225,7 +226,7 @@ class Writer:
             self.int32(len(v))
             self._put_large(v)
 
-    def compact_bytes(self, v: bytes | None) -> None:
+    def compact_bytes(self, v: builtins.bytes | None) -> None:
         if v is None:
             self.uvarint(0)
         else:
@@ -238,7 +239,7 @@ class Writer:
     def compact_string(self, v: str | None) -> None:
         self.bytes_as_string(None if v is None else v.encode(), compact=True)
 
-    def bytes_as_string(self, b: bytes | None, compact: bool) -> None:
+    def bytes_as_string(self, b: builtins.bytes | None, compact: builtins.bool) -> None:
         if compact:
             self.compact_bytes(b)
         elif b is None:
@@ -247,7 +248,7 @@ class Writer:
             self.int16(len(b))
             self.buf += b
 
-    def array_length(self, n: int | None, compact: bool) -> None:
+    def array_length(self, n: int | None, compact: builtins.bool) -> None:
         if compact:
             self.uvarint(0 if n is None else n + 1)
         else:

@@ -6,6 +6,8 @@ Keys are relative to the store's root or prefix and use `/` separators.
 
 from __future__ import annotations
 
+import builtins  # the stores have a method named list
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -43,7 +45,7 @@ class ObjectStore(Protocol):
     async def list(self, prefix: str) -> list[ObjectInfo]:
         """Every object whose key starts with prefix, sorted by key."""
 
-    async def delete(self, keys: list[str]) -> None:
+    async def delete(self, keys: builtins.list[str]) -> None:
         """Delete objects; keys that do not exist are ignored."""
 
     async def close(self) -> None:

@@ -8,6 +8,7 @@ the old object or the whole new one. Deletes prune directories they leave empty.
 
 from __future__ import annotations
 
+import builtins  # the stores have a method named list
 import asyncio
 import os
 import shutil
@@ -96,7 +97,7 @@ class FileObjectStore:
         self.stats["list"] += 1
         return await self._run(f"list {prefix}", _list_files, self.root, directory, prefix)
 
-    async def delete(self, keys: list[str]) -> None:
+    async def delete(self, keys: builtins.list[str]) -> None:
         """Delete objects; keys that do not exist are ignored."""
         paths = [self._path(k) for k in keys]
         if not paths:

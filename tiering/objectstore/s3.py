@@ -14,6 +14,7 @@ one by one; a failed upload is aborted so no parts are left billed.
 
 from __future__ import annotations
 
+import builtins  # the stores have a method named list
 import asyncio
 import logging
 import math
@@ -283,8 +284,9 @@ class S3ObjectStore:
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for t in tasks:
-                if t.done() and t.exception() is not None:
-                    raise t.exception()
+                failure = t.exception() if t.done() else None
+                if failure is not None:
+                    raise failure
             parts = [t.result() for t in tasks]
             await self._call(
                 "put", f"complete multipart {key}",
@@ -357,13 +359,13 @@ class S3ObjectStore:
         found.sort(key=lambda info: info.key)
         return found
 
-    async def delete(self, keys: list[str]) -> None:
+    async def delete(self, keys: builtins.list[str]) -> None:
         """Delete objects; keys that do not exist are ignored."""
         full = [self.prefix + check_key(k) for k in keys]
         for i in range(0, len(full), self._delete_batch):
             batch = {"Objects": [{"Key": k} for k in full[i : i + self._delete_batch]], "Quiet": True}
             resp = await self._call(
-                "delete", "delete", lambda c, batch=batch: c.delete_objects(Bucket=self.bucket, Delete=batch)
+                "delete", "delete", lambda c: c.delete_objects(Bucket=self.bucket, Delete=batch)
             )
             errors = [e for e in resp.get("Errors", ()) if e.get("Code") not in _NOT_FOUND_CODES]
             if errors:
