@@ -385,26 +385,35 @@ class GroupConsumer(threading.Thread):
 
     def run(self) -> None:
         self.consumer.subscribe([self.topic], on_assign=self._on_assign)
+        # Offsets processed but not yet committed. A failed commit (a coordinator moved, a
+        # rebalance under way) stays here and is tried again on the next pass, as an
+        # application must: once the producers stop, no later record would carry it.
+        pending: dict[int, int] = {}
         while not self._halt.is_set():
             msgs = self.consumer.consume(500, 0.5)
-            latest: dict[int, int] = {}
             for m in msgs:
                 if m.error():
                     continue
                 self.consumed[m.partition()][m.offset()] = m.value()
-                latest[m.partition()] = m.offset() + 1
-            if not latest:
+                pending[m.partition()] = m.offset() + 1
+            if not pending:
                 continue
             try:
                 result = self.consumer.commit(
-                    offsets=[TopicPartition(self.topic, p, o) for p, o in latest.items()],
+                    offsets=[TopicPartition(self.topic, p, o) for p, o in pending.items()],
                     asynchronous=False)
                 for tp in result or ():
                     if tp.error is None:
                         self.committed[tp.partition] = max(self.committed.get(tp.partition, 0),
                                                            tp.offset)
+                        if pending.get(tp.partition) == tp.offset:
+                            del pending[tp.partition]
             except KafkaException:
-                self.commit_failures += 1  # a coordinator moved: the next commit covers it
+                self.commit_failures += 1
+            if pending:
+                # Partitions no longer ours are committed by their next owner.
+                owned = {tp.partition for tp in self.consumer.assignment()}
+                pending = {p: o for p, o in pending.items() if p in owned}
 
     def stop(self) -> None:
         if not self._halt.is_set():

@@ -17,8 +17,14 @@ PARTITIONS = 6
 
 
 class Member(threading.Thread):
-    """A consumer that processes and commits each record synchronously, so a record counts
-    as delivered exactly when its offset is committed."""
+    """A consumer that commits each record synchronously; a record counts as delivered
+    when a commit covering its offset succeeds.
+
+    A commit can fail while its partition stays this member's: during a cooperative
+    rebalance the coordinator answers REBALANCE_IN_PROGRESS until the member has its new
+    assignment, as Kafka's does. The record then waits and its commit is retried; only when
+    the partition is revoked is it left to the next owner, who reads it again from the
+    committed offset."""
 
     def __init__(self, bootstrap, topic, group, strategy, sink, lock):
         super().__init__(daemon=True)
@@ -52,16 +58,25 @@ class Member(threading.Thread):
                     consumer.unassign()
 
             c.subscribe([self.topic], on_assign=on_assign, on_revoke=on_revoke)
+            waiting: dict[int, list] = {}  # partition -> records whose commit has not succeeded
             while not self.stop_flag.is_set():
                 m = c.poll(0.2)
-                if m is None or m.error():
+                if m is not None and not m.error():
+                    waiting.setdefault(m.partition(), []).append(m)
+                for p in [p for p in waiting if p not in self.assignment]:
+                    del waiting[p]  # revoked: its next owner reads these again
+                if not waiting:
                     continue
+                offsets = [ck.TopicPartition(self.topic, p, ms[-1].offset() + 1) for p, ms in waiting.items()]
                 try:
-                    c.commit(message=m, asynchronous=False)
+                    result = c.commit(offsets=offsets, asynchronous=False)
                 except ck.KafkaException:
-                    continue  # lost the partition mid-rebalance: its next owner redelivers it
+                    continue
                 with self.lock:
-                    self.sink.append((m.partition(), m.offset(), m.value()))
+                    for tp in result or ():
+                        if tp.error is None and tp.partition in waiting:
+                            self.sink.extend((r.partition(), r.offset(), r.value())
+                                             for r in waiting.pop(tp.partition))
             c.close()
         except Exception as e:  # noqa: BLE001
             self.error = e
