@@ -9,12 +9,8 @@ directory, which the benchmark prints when something fails.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shutil
-import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -23,7 +19,9 @@ from pathlib import Path
 
 from produce_fetch import free_port, tansu_binary
 
-from stratalog.infra.cluster import http_get  # the project is installed (scripts/test.sh: pip install -e .)
+# The project is installed (scripts/test.sh: pip install -e .).
+from stratalog.infra.processes import (Child, ProcessFailed, accepting, etcd_command, etcd_healthy, find_etcd,
+                                       http_get, log_tail, moto_command)
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK = "127.0.0.1"
@@ -88,61 +86,25 @@ def machine_busy() -> tuple[float, float]:
     return (total - idle) / CLK_TCK, total / CLK_TCK
 
 
-def log_tail(path: Path, lines: int = 5) -> str:
-    try:
-        text = Path(path).read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return "(no log)"
-    return " | ".join(text[-lines:]) or "(empty log)"
-
-
-class Proc:
-    """One child process with its log; `kill9` is the crash, `stop` the orderly end."""
+class Proc(Child):
+    """One part of a benchmark run, in the bench's environment, with its CPU time."""
 
     def __init__(self, name: str, cmd: list[str], log: Path, env: dict[str, str] | None = None,
                  cwd: Path | None = None):
-        self.name = name
-        self.log = log
-        with open(log, "ab") as f:
-            self.popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
-                                          env=env or child_env(), cwd=cwd or ROOT, start_new_session=True)
-        self.pid = self.popen.pid
-
-    @property
-    def alive(self) -> bool:
-        return self.popen.poll() is None
+        super().__init__(name, cmd, log, env=env or child_env(), cwd=cwd or ROOT)
 
     def cpu(self) -> float:
         return cpu_seconds(self.pid) if self.alive else 0.0
 
     def died(self, what: str) -> BenchError:
-        return BenchError(f"{self.name} {what} (exit status {self.popen.poll()}): "
-                          f"{log_tail(self.log)} (log: {self.log})")
-
-    def kill9(self) -> None:
-        if self.alive:
-            self.popen.send_signal(signal.SIGKILL)
-        self.popen.wait()
-
-    def stop(self, timeout_s: float = 15.0) -> None:
-        if self.alive:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.kill9()
-        self.popen.wait()
+        return BenchError(str(self.failed(what)))
 
 
 def wait_until(proc: Proc, ready, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not ready():
-        if not proc.alive:
-            raise proc.died(f"exited before it was {what}")
-        if time.monotonic() > deadline:
-            raise BenchError(f"{proc.name} was not {what} within {timeout_s:g} s: "
-                             f"{log_tail(proc.log)} (log: {proc.log})")
-        time.sleep(0.05)
+    try:
+        proc.wait_until(ready, timeout_s, what)
+    except ProcessFailed as e:
+        raise BenchError(str(e)) from None
 
 
 def _started(proc: Proc, ready, timeout_s: float, what: str) -> None:
@@ -159,32 +121,15 @@ class Etcd:
 
     def __init__(self, binary: str, directory: Path):
         self.client_port, self.peer_port = free_port(), free_port()
-        client, peer = f"http://{LOOPBACK}:{self.client_port}", f"http://{LOOPBACK}:{self.peer_port}"
-        self.http = client
+        self.http = f"http://{LOOPBACK}:{self.client_port}"
         self.url = f"etcd://{LOOPBACK}:{self.client_port}"
-        # Short election timing: a lone member elects itself at once and 1 s leases exist.
-        self.proc = Proc("etcd", [binary, "--name", "bench", "--data-dir", str(directory / "etcd"),
-                                  "--listen-client-urls", client, "--advertise-client-urls", client,
-                                  "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                                  "--initial-cluster", f"bench={peer}", "--heartbeat-interval", "50",
-                                  "--election-timeout", "500"],
-                         directory / "etcd.log")
-
-        def healthy() -> bool:
-            answer = http_get(f"{client}/health", 1.0)
-            try:
-                return answer is not None and json.loads(answer[1]).get("health") == "true"
-            except ValueError:
-                return False
-
-        _started(self.proc, healthy, 30, "healthy")
+        self.proc = Proc("etcd", etcd_command(binary, "bench", directory / "etcd", self.client_port,
+                                              self.peer_port), directory / "etcd.log")
+        _started(self.proc, lambda: etcd_healthy(self.client_port), 30, "healthy")
 
     @staticmethod
     def binary() -> str | None:
-        for candidate in ("/usr/bin/etcd", str(Path(sys.executable).parent / "etcd")):
-            if os.access(candidate, os.X_OK):
-                return candidate
-        return shutil.which("etcd")
+        return find_etcd()
 
     def metrics(self) -> dict[str, float]:
         return prometheus(f"{self.http}/metrics")
@@ -226,9 +171,8 @@ class S3Endpoint:
         self.port = free_port()
         self.url = f"http://{LOOPBACK}:{self.port}"
         self.log = directory / "s3.log"
-        self.proc = Proc("s3 (moto)", [sys.executable, "-m", "moto.server", "-H", LOOPBACK,
-                                       "-p", str(self.port)], self.log)
-        _started(self.proc, lambda: _accepting(self.port), 30, "accepting connections")
+        self.proc = Proc("s3 (moto)", moto_command(self.port), self.log)
+        _started(self.proc, lambda: accepting(LOOPBACK, self.port), 30, "accepting connections")
         try:
             self._client().create_bucket(Bucket=BUCKET)
         except BaseException:
@@ -261,16 +205,6 @@ class S3Endpoint:
             path, _, query = m.group(2).partition("?")
             out.append(S3Request(m.group(1), path, query, int(m.group(3))))
         return out
-
-
-def _accepting(port: int) -> bool:
-    import socket
-
-    try:
-        socket.create_connection((LOOPBACK, port), timeout=0.5).close()
-        return True
-    except OSError:
-        return False
 
 
 _BANNER_HTTP_RE = re.compile(r"http on ([\d.]+):(\d+)")
@@ -366,7 +300,7 @@ class Tansu:
         self.proc = Proc("tansu", [binary, "broker", "--storage-engine", f"s3://{self.BUCKET}/",
                                    "--listener-url", url, "--advertised-listener-url", url],
                          directory / "tansu.log", env=env)
-        _started(self.proc, lambda: _accepting(self.port), 30, "accepting connections")
+        _started(self.proc, lambda: accepting(LOOPBACK, self.port), 30, "accepting connections")
 
     @property
     def address(self) -> str:

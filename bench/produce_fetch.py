@@ -22,14 +22,11 @@ from pathlib import Path
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from stratalog.infra.processes import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 RECORD = 1024
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_port(port: int, timeout: float = 30) -> None:

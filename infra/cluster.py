@@ -35,13 +35,13 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-LOOPBACK = "127.0.0.1"
+from stratalog.infra import processes
+from stratalog.infra.processes import LOOPBACK, http_get, log_tail
+
 STATE_FILE = "cluster.json"
 LOCK_FILE = "cluster.lock"
 STATE_VERSION = 1
@@ -173,17 +173,6 @@ class ClusterState:
         return state
 
 
-def log_tail(path: str | Path, lines: int = 3, limit: int = 400) -> str:
-    """The last non-empty lines of a log as one line, for error messages."""
-    try:
-        text = Path(path).read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    kept = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
-    tail = " | ".join(kept)
-    return tail if len(tail) <= limit else "..." + tail[-limit:]
-
-
 def terminate(records: list[ProcessRecord], children: dict[str, subprocess.Popen],
               timeout_s: float, clock: Callable[[], float] = time.monotonic,
               sleep: Callable[[float], None] = time.sleep) -> None:
@@ -227,10 +216,7 @@ def find_etcd(explicit: str | None) -> str:
         if not path.is_file() or not os.access(path, os.X_OK):
             raise ClusterError(f"etcd binary not found or not executable: {explicit}")
         return str(path)
-    for candidate in ("/usr/bin/etcd", str(Path(sys.executable).parent / "etcd")):
-        if os.access(candidate, os.X_OK):
-            return candidate
-    found = shutil.which("etcd")
+    found = processes.find_etcd()
     if found is None:
         raise ClusterError("etcd binary not found (looked in /usr/bin, the Python environment "
                            "and PATH): install etcd or pass --etcd PATH")
@@ -351,17 +337,6 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def http_get(url: str, timeout_s: float = 1.0) -> tuple[int, bytes] | None:
-    """(status, body) of a GET, None when nothing answers."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
-
-
 def gateway_ready(http: str, timeout_s: float = 1.0) -> bool:
     answer = http_get(f"http://{http}/readyz", timeout_s)
     return answer is not None and answer[0] == 200
@@ -381,6 +356,7 @@ class ClusterLauncher:
         self.clock = clock
         self.sleep = sleep
         self.children: dict[str, subprocess.Popen] = {}
+        self._started: dict[str, processes.Child] = {}
         self.state: ClusterState | None = None
         self._lock = DirectoryLock(self.dir)
 
@@ -469,13 +445,13 @@ class ClusterLauncher:
 
     def _spawn(self, name: str, role: str, cmd: list[str], address: str, **extra) -> ProcessRecord:
         log_path = self.dir / "logs" / f"{name}.log"
-        with open(log_path, "wb") as log:
-            # A session of its own: Ctrl-C at the terminal reaches only the launcher, which
-            # then stops the parts in order; detached parts outlive the terminal.
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    env=child_env(), start_new_session=True, cwd=self.dir)
-        self.children[name] = proc
-        rec = ProcessRecord(name=name, role=role, pid=proc.pid, start_time=process_start_time(proc.pid),
+        log_path.unlink(missing_ok=True)
+        # A session of its own: Ctrl-C at the terminal reaches only the launcher, which
+        # then stops the parts in order; detached parts outlive the terminal.
+        child = processes.Child(name, cmd, log_path, env=child_env(), cwd=self.dir, new_session=True)
+        self.children[name] = child.popen
+        self._started[name] = child
+        rec = ProcessRecord(name=name, role=role, pid=child.pid, start_time=process_start_time(child.pid),
                             log=str(log_path), address=address, **extra)
         self.state.processes.append(rec)
         self.state.save()
@@ -487,52 +463,26 @@ class ClusterLauncher:
                             f"{log_tail(rec.log)} (log: {rec.log})")
 
     def _wait_until(self, rec: ProcessRecord, ready: Callable[[], bool], timeout_s: float) -> None:
-        deadline = self.clock() + timeout_s
-        while not ready():
+        try:
+            self._started[rec.name].wait_until(ready, timeout_s, "ready", clock=self.clock, sleep=self.sleep)
+        except processes.ProcessFailed as e:
             if self.children[rec.name].poll() is not None:
-                raise self._died(rec)
-            if self.clock() >= deadline:
-                raise ClusterError(f"{rec.name} did not become ready within {timeout_s:g} s: "
-                                   f"{log_tail(rec.log)} (log: {rec.log})")
-            self.sleep(0.05)
+                raise self._died(rec) from None
+            raise ClusterError(str(e)) from None
 
     def _start_etcd(self, binary: str) -> None:
-        client = f"http://{LOOPBACK}:{self.plan.etcd_port}"
-        peer = f"http://{LOOPBACK}:{self.plan.etcd_port + 1}"
-        self.progress(f"starting etcd on {LOOPBACK}:{self.plan.etcd_port}")
-        # Short heartbeats and elections: a one-member etcd then elects itself in well under
-        # a second. No metrics listener is asked for, so etcd opens only these two ports.
-        rec = self._spawn("etcd", "etcd", [
-            binary, "--name", "stratalog", "--data-dir", str(self.dir / "data" / "etcd"),
-            "--listen-client-urls", client, "--advertise-client-urls", client,
-            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"stratalog={peer}", "--initial-cluster-state", "new",
-            "--heartbeat-interval", "50", "--election-timeout", "500"],
-            address=f"{LOOPBACK}:{self.plan.etcd_port}")
-
-        def healthy() -> bool:
-            answer = http_get(f"{client}/health")
-            try:
-                return answer is not None and json.loads(answer[1]).get("health") == "true"
-            except ValueError:
-                return False
-
-        self._wait_until(rec, healthy, 30.0)
+        port = self.plan.etcd_port
+        self.progress(f"starting etcd on {LOOPBACK}:{port}")
+        # No metrics listener is asked for, so etcd opens only its two ports.
+        rec = self._spawn("etcd", "etcd", processes.etcd_command(binary, "stratalog", self.dir / "data" / "etcd",
+                                                                 port, port + 1),
+                          address=f"{LOOPBACK}:{port}")
+        self._wait_until(rec, lambda: processes.etcd_healthy(port), 30.0)
 
     def _start_s3(self) -> None:
         self.progress(f"starting the S3 endpoint on {self.plan.s3_endpoint}")
-        rec = self._spawn("s3", "s3", [sys.executable, "-m", "moto.server", "-H", LOOPBACK,
-                                       "-p", str(self.plan.s3_port)],
-                          address=self.plan.s3_endpoint)
-
-        def accepting() -> bool:
-            try:
-                socket.create_connection((LOOPBACK, self.plan.s3_port), timeout=0.5).close()
-                return True
-            except OSError:
-                return False
-
-        self._wait_until(rec, accepting, 30.0)
+        rec = self._spawn("s3", "s3", processes.moto_command(self.plan.s3_port), address=self.plan.s3_endpoint)
+        self._wait_until(rec, lambda: processes.accepting(LOOPBACK, self.plan.s3_port), 30.0)
         import boto3
         from botocore.config import Config
         from botocore.exceptions import BotoCoreError, ClientError

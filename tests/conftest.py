@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from stratalog.infra.processes import Child, ProcessFailed, accepting, free_port, serve_command
+
+__all__ = ["ROOT", "GatewayProcess", "free_port"]
 
 ROOT = Path(__file__).resolve().parent.parent
 TIERS = ("unit", "integration", "compat", "chaos")
@@ -25,12 +24,6 @@ def pytest_collection_modifyitems(items) -> None:
         item.add_marker(pytest.mark.compat if "compat" in item.path.parts else pytest.mark.integration)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class GatewayProcess:
     """One `stratalog serve` process; restartable on the same data directory and port."""
 
@@ -41,7 +34,7 @@ class GatewayProcess:
         self.settings = {"wal.flush.ms": 20, "group.initial.rebalance.delay.ms": 0,
                          "group.min.session.timeout.ms": 1000, **(settings or {})}
         self.extra_args = extra_args or []
-        self.proc: subprocess.Popen | None = None
+        self.child: Child | None = None
         self.log_path = data_dir.parent / f"gateway-{self.port}.log"
         self.http_url: str | None = None
         self.banner = ""
@@ -50,45 +43,37 @@ class GatewayProcess:
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def proc(self):
+        return None if self.child is None else self.child.popen
+
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "stratalog.infra.cli", "serve", "--listen", self.bootstrap,
-               "--data-dir", str(self.data_dir), "--log-level", "INFO", "--http", "127.0.0.1:0"]
-        for k, v in self.settings.items():
-            cmd += ["--set", f"{k}={v}"]
-        return cmd + self.extra_args
+        return serve_command(self.bootstrap, self.data_dir, "--log-level", "INFO", "--http", "127.0.0.1:0",
+                             *self.extra_args, settings=self.settings)
 
     def start(self, timeout: float = 30) -> "GatewayProcess":
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.command(), cwd=ROOT, stdout=subprocess.PIPE, stderr=log,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        deadline = time.monotonic() + timeout
-        line = self.proc.stdout.readline().decode()
+        self.child = Child(f"gateway on {self.bootstrap}", self.command(), self.log_path, cwd=ROOT,
+                           env={**os.environ, "PYTHONUNBUFFERED": "1"}, new_session=False, stdout_pipe=True)
+        line = self.child.popen.stdout.readline().decode()
         if "serving Kafka" not in line:
-            self.proc.kill()
-            raise RuntimeError(f"gateway did not start: {line!r}\n{self.log_path.read_text()[-3000:]}")
+            self.child.kill9()
+            raise RuntimeError(f"gateway did not start: {line!r}\n{self.log_tail()[-3000:]}")
         self.banner = line
         if "http on " in line:
             self.http_url = "http://" + line.rsplit("http on ", 1)[1].strip()
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return self
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("gateway did not accept connections")
+        try:
+            self.child.wait_until(lambda: accepting("127.0.0.1", self.port), timeout, "accepting connections")
+        except ProcessFailed as e:
+            raise RuntimeError(str(e)) from None
+        return self
 
     def kill9(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
+        if self.child is not None:
+            self.child.kill9()
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.kill9()
+        if self.child is not None:
+            self.child.stop(20)
 
     def log_tail(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from stratalog.infra.processes import free_port
 from stratalog.spark.objects import TRACE_ENV, StoreSpec
 
 TRACE_FILE = Path(tempfile.mkdtemp(prefix="stratalog-spark-trace-")) / "reads.log"
@@ -46,11 +46,6 @@ def spark_session():
                              "spark.sql.session.timeZone": "UTC",
                              "spark.driver.memory": "1g"})
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

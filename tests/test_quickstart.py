@@ -4,20 +4,16 @@ installed CLI, run from outside the source tree so nothing is imported from it."
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import venv
 from pathlib import Path
 
 import pytest
 
+from stratalog.infra.processes import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _top_level_names(python: Path) -> set[str]:
@@ -45,7 +41,7 @@ def test_pip_install_dot_then_serve_produce_consume(tmp_path):
         raise AssertionError(f"pip install . failed: {install.stderr[-2000:]}")
     assert _top_level_names(bin_dir / "python") == {"stratalog", "pyspark_stratalog"}
 
-    port = _free_port()
+    port = free_port()
     stratalog = str(bin_dir / "stratalog")
     serve = subprocess.Popen([stratalog, "serve", "--listen", f"127.0.0.1:{port}",
                               "--data-dir", str(tmp_path / "data")],

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +19,8 @@ from unittest import mock
 
 import boto3
 import pytest
+
+from stratalog.infra.processes import free_port
 from botocore.exceptions import ClientError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,11 +39,6 @@ CONFIGS = ["."] + [f"modules/{m}" for m in MODULES] + ["examples/complete", "exa
 REGION = "us-east-1"
 DUMMY_KEY = "testing"
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tf(args: list[str], cwd: Path, env: dict, ok_codes: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess:
@@ -102,7 +98,7 @@ def tf_tree(tmp_path_factory, tf_env) -> Path:
 def moto_url():
     from moto_fixture import MotoServer
 
-    server = MotoServer(port=_free_port()).start()
+    server = MotoServer(port=free_port()).start()
     try:
         yield server.url
     finally:
@@ -204,7 +200,7 @@ def test_validate(validations, config):
 def test_a_bad_cluster_prefix_is_rejected_before_anything_is_created(tf_tree, tf_env):
     """Variable validations are live: a prefix with a leading slash fails the plan with a clear
     message. The endpoints point at a closed local port, so reaching AWS would fail differently."""
-    closed = f"http://127.0.0.1:{_free_port()}"
+    closed = f"http://127.0.0.1:{free_port()}"
     proc = _tf(
         [
             "plan", "-no-color", "-var", "cluster_prefix=/dev/",

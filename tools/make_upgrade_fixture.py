@@ -50,6 +50,7 @@ from confluent_kafka.admin import (AdminClient, ConfigResource, ConfigSource, Ne
                                    OffsetSpec)
 
 from stratalog.gateway.protocol.frames import decode_response, encode_request
+from stratalog.infra.processes import free_port
 from stratalog.tiering.batch import build_batch
 
 # ---- the data set ----------------------------------------------------------------------
@@ -428,11 +429,6 @@ def _offsets_by_time(base: dict, records: dict) -> dict:
 
 
 # ---- processes -------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_for(check, what: str, proc: subprocess.Popen, timeout_s: float = 30) -> None:
