@@ -16,6 +16,7 @@ from collections import Counter
 
 import pytest
 
+from moto_fixture import MotoServer, dummy_aws_env
 from stratalog.coordinator.model import PartitionState, TopicInfo
 from stratalog.engine.errors import NotLeader, OffsetOutOfRange
 from stratalog.engine.producers import OutOfOrderSequence
@@ -46,10 +47,6 @@ SEGMENT_EXTENSIONS = (layout.LOG, layout.INDEX, layout.TIMEINDEX)
 @pytest.fixture(scope="module")
 def moto_url():
     pytest.importorskip("moto.server", reason="moto[server] is not installed")
-    try:
-        from tests.moto_fixture import MotoServer
-    except ImportError:
-        from moto_fixture import MotoServer  # type: ignore
     server = MotoServer().start()
     yield server.url
     server.stop()
@@ -62,16 +59,7 @@ def backends(request, tmp_path, monkeypatch) -> Backends:
         return Backends(request.param, tmp_path)
     etcd = request.getfixturevalue("etcd_server")
     s3 = request.getfixturevalue("moto_url")
-    # Dummy credentials through the standard variables; nothing of the machine's AWS setup.
-    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
-                 "AWS_REGION", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    dummy_aws_env(monkeypatch, tmp_path)
     import boto3
 
     bucket = f"engine-{uuid.uuid4().hex[:12]}"

@@ -14,6 +14,7 @@ import pytest
 
 from stratalog.infra.processes import free_port
 from stratalog.tiering import layout
+from moto_fixture import MotoServer, dummy_aws_env
 from stratalog.tiering.objectstore import ObjectNotFound, ObjectStoreError, open_store
 from stratalog.tiering.objectstore.base import ObjectInfo
 from stratalog.tiering.objectstore.file import FileObjectStore
@@ -27,7 +28,6 @@ S3_SMALL_MULTIPART = {"multipart_threshold": 6 * MiB, "part_size": 5 * MiB}  # m
 @pytest.fixture(scope="module")
 def moto_endpoint():
     pytest.importorskip("moto.server", reason="moto[server] is not installed")
-    from moto_fixture import MotoServer
 
     server = MotoServer(port=free_port()).start()
     yield server.url
@@ -37,14 +37,7 @@ def moto_endpoint():
 @pytest.fixture
 def aws_env(monkeypatch, tmp_path, moto_endpoint):
     """Dummy credentials and a loopback endpoint, through the standard AWS variables only."""
-    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    dummy_aws_env(monkeypatch, tmp_path)
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_endpoint)
     return moto_endpoint
 
