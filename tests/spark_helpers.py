@@ -215,3 +215,19 @@ def wait_sealed(spec: StoreSpec, topic: str, ends: dict[int, int], timeout_s: fl
         assert time.monotonic() < deadline, f"segments of {topic} did not seal in {timeout_s}s"
         time.sleep(0.2)
 
+
+
+def install_as_users_do(site: Path) -> Path:
+    """`pip install .` of the project into `site` (a non-editable install: Spark finds
+    `pyspark_stratalog` by scanning the import path, which an editable install's import
+    hook does not show it); put `site` on PYTHONPATH to use it."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
+                              str(root)], capture_output=True, text=True, timeout=300)
+    if install.returncode != 0:
+        if "No matching distribution" in install.stderr or "Could not fetch" in install.stderr:
+            pytest.skip("pip cannot reach a package index here for the build backend")
+        raise AssertionError(f"pip install --target failed: {install.stderr[-2000:]}")
+    return site

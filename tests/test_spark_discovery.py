@@ -16,8 +16,8 @@ import textwrap
 
 import pytest
 
-from conftest import ROOT, GatewayProcess
-from spark_helpers import consume_all, create_topic, produce, spark_session, wait_sealed
+from conftest import GatewayProcess
+from spark_helpers import consume_all, create_topic, install_as_users_do, produce, spark_session, wait_sealed
 from stratalog.spark.objects import StoreSpec
 
 READ = textwrap.dedent("""
@@ -47,13 +47,7 @@ def test_short_name_works_beside_a_users_spark_folder(tmp_path):
     finally:
         gw.stop()
 
-    site = tmp_path / "site"
-    install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
-                              str(ROOT)], capture_output=True, text=True, timeout=300)
-    if install.returncode != 0:
-        if "No matching distribution" in install.stderr or "Could not fetch" in install.stderr:
-            pytest.skip("pip cannot reach a package index here for the build backend")
-        raise AssertionError(f"pip install --target failed: {install.stderr[-2000:]}")
+    site = install_as_users_do(tmp_path / "site")
 
     project = tmp_path / "project"
     (project / "spark").mkdir(parents=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from spark_helpers import spark_session
+from spark_helpers import install_as_users_do, spark_session
 from stratalog.infra.processes import Child, ProcessFailed, accepting, free_port
 
 README = ROOT / "spark" / "README.md"
@@ -39,13 +39,7 @@ def test_the_quickstart_has_a_serve_block_a_client_block_and_a_python_block():
 def test_the_spark_quickstart_runs_as_written(tmp_path):
     spark_session()  # skips without pyspark or Java, like every Spark test
     (serve_block, client_block, python_block) = [body for _, body in _quickstart_blocks()]
-    site = tmp_path / "site"
-    install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
-                              str(ROOT)], capture_output=True, text=True, timeout=300)
-    if install.returncode != 0:
-        if "No matching distribution" in install.stderr or "Could not fetch" in install.stderr:
-            pytest.skip("pip cannot reach a package index here for the build backend")
-        raise AssertionError(f"pip install --target failed: {install.stderr[-2000:]}")
+    site = install_as_users_do(tmp_path / "site")
     work = tmp_path / "work"
     work.mkdir()
     port = free_port()
