@@ -6,16 +6,19 @@ See the package docstring (`stratalog.engine`) for the operations and their cont
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import shutil
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Iterator
 
 from stratalog.coordinator.model import ClusterStore, SegmentEntry, TopicInfo
 from stratalog.tiering import layout
 from stratalog.tiering.batch import CorruptBatch, decode_records, split_batches
+from stratalog.tiering.errors import CorruptObject
 from stratalog.tiering.objectstore.base import ObjectStore
 from stratalog.tiering.remote import RemoteCache
 
@@ -30,6 +33,8 @@ from .wal_writer import WalCommitFailed, WalWriter
 
 REMOTE_CACHE_BYTES = 1024 * 1024 * 1024
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
+
+log = logging.getLogger(__name__)
 
 PartitionView = PartitionLog | ReplicaView
 
@@ -267,8 +272,10 @@ class LogEngine:
 
     async def read(self, view: PartitionView, offset: int, max_bytes: int) -> bytes:
         """Whole committed batches from the one holding `offset`: at least one, then more
-        while they fit in `max_bytes`."""
-        return await view.read(offset, max_bytes, self.cache)
+        while they fit in `max_bytes`. A damaged object raises CorruptLog: its bytes are never
+        served, and only this partition's read fails."""
+        with _damage_refused(view):
+            return await view.read(offset, max_bytes, self.cache)
 
     async def list_offset(self, plog: PartitionLog, timestamp: int) -> tuple[int, int] | None:
         """(offset, timestamp) for ListOffsets: LATEST (-1) and EARLIEST (-2) with timestamp
@@ -277,9 +284,10 @@ class LogEngine:
             return plog.high_watermark, -1
         if timestamp == EARLIEST:
             return plog.log_start_offset, -1
-        if timestamp == MAX_TIMESTAMP:
-            return await plog.max_timestamp_offset(self.cache)
-        return await plog.offset_for_timestamp(timestamp, self.cache)
+        with _damage_refused(plog):
+            if timestamp == MAX_TIMESTAMP:
+                return await plog.max_timestamp_offset(self.cache)
+            return await plog.offset_for_timestamp(timestamp, self.cache)
 
     def _hw_event_fire(self) -> None:
         self._hw_event.set()
@@ -342,6 +350,17 @@ class LogEngine:
         now_ms = self.now_ms()
         for plog in self.logs.values():
             plog.producers.expire(now_ms, self.settings.producer_id_expiration_ms)
+
+
+@contextlib.contextmanager
+def _damage_refused(view: PartitionView) -> Iterator[None]:
+    """A damaged object met while reading becomes CorruptLog: its bytes are never served,
+    and only this partition's request fails."""
+    try:
+        yield
+    except CorruptObject as exc:
+        log.error("%s-%d: not serving a damaged object: %s", view.topic, view.partition, exc)
+        raise CorruptLog(f"{view.topic}-{view.partition}: {exc}") from exc
 
 
 __all__ = ["AppendResult", "Assignment", "CorruptLog", "EngineSettings", "LogEngine", "PartitionView"]

@@ -20,9 +20,10 @@ from stratalog.coordinator.model import ClusterStore, SegmentEntry
 from stratalog.tiering import layout
 from stratalog.tiering.batch import (HEADER_SIZE, BatchHeader, decode_records, patch_batch,
                                      scan_batches, set_log_append_time)
-from stratalog.tiering.index import OffsetIndex, TimeIndex
+from stratalog.tiering.index import TimeIndex
 from stratalog.tiering.objectstore.base import ObjectStore
 from stratalog.tiering.remote import RemoteCache
+from stratalog.tiering.sealed import Get, SegmentObject, Take, read_async, walk
 from stratalog.tiering.segment import ActiveSegment
 from stratalog.tiering.wal import check_version as check_wal_version
 
@@ -332,8 +333,7 @@ async def read_sealed_log(cache: RemoteCache, sealed: list[SegmentEntry], offset
     for entry in sealed:
         if entry.last_offset < offset:
             continue
-        data = trim_batches(await read_sealed(cache, entry, max(offset, entry.base_offset), max_bytes),
-                            offset, high_watermark)
+        data = await read_sealed(cache, entry, offset, max_bytes, high_watermark)
         if data:
             return data, offset
         # Compaction removed every batch from `offset` to the end of this segment:
@@ -342,33 +342,26 @@ async def read_sealed_log(cache: RemoteCache, sealed: list[SegmentEntry], offset
     return b"", offset
 
 
-async def read_sealed(cache: RemoteCache, entry: SegmentEntry, offset: int, max_bytes: int) -> bytes:
-    """Bytes of a sealed segment from the batch holding `offset`, through the `.index` sidecar."""
-    index = OffsetIndex.from_bytes(entry.base_offset, await cache.get_small(entry.key_base + layout.INDEX))
-    _, position = index.lookup(offset)
-    key = entry.key_base + layout.LOG
-    end = min(entry.size, position + max(max_bytes, HEADER_SIZE))
-    data = await cache.read(key, position, end)
-    # The index is sparse: skip whole batches before the one holding `offset`, and make
-    # sure that batch is read whole even when it is larger than max_bytes.
-    while True:
-        batches, valid = scan_batches(data)
-        first = next(((pos, h) for pos, h in batches if h.last_offset >= offset), None)
-        if first is not None:
-            pos, h = first
-            if pos > 0:
-                data = data[pos:]
-                position += pos
-            if len(data) >= h.size or position + len(data) >= entry.size:
-                return data
-            end = min(entry.size, position + h.size)
-            data = await cache.read(key, position, end)
-            return data
-        if valid == 0 and len(data) >= HEADER_SIZE:
-            h = BatchHeader.parse(data, 0)
-            data = await cache.read(key, position, min(entry.size, position + h.size))
-            continue
-        if position + valid >= entry.size or valid == 0:
-            return b""
-        position += valid
-        data = await cache.read(key, position, min(entry.size, position + max(max_bytes, HEADER_SIZE)))
+async def read_sealed(cache: RemoteCache, entry: SegmentEntry, offset: int, max_bytes: int,
+                      high_watermark: int) -> bytes:
+    """Whole batches of a sealed segment from the one holding `offset`: at least one, then
+    more while they fit in max_bytes; CRCs checked, a damaged object raises CorruptSegment."""
+    taken = 0
+
+    def take(h: BatchHeader) -> Take:
+        nonlocal taken
+        if h.last_offset < offset:
+            return Take.SKIP
+        if h.base_offset >= high_watermark or (taken and taken + h.size > max_bytes):
+            return Take.STOP
+        taken += h.size
+        return Take.TAKE
+
+    async def get(g: Get) -> bytes:
+        if g.start is None:
+            return await cache.get_small(g.key)
+        return await cache.read(g.key, g.start, g.end if g.end is not None else g.start)
+
+    seg = SegmentObject(entry.key_base, entry.base_offset, entry.last_offset, entry.size)
+    steps = walk(seg, take, seek_offset=offset, chunk_bytes=max(max_bytes, HEADER_SIZE), check_crc=True)
+    return b"".join([b.data async for b in read_async(steps, get)])

@@ -42,12 +42,13 @@ import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from stratalog.tiering import layout
 from stratalog.tiering.batch import (LOG_APPEND_TIME, BatchHeader, CorruptBatch, build_batch, decode_records,
                            set_log_append_time)
 from stratalog.tiering.manifest import SegmentRecord
+from stratalog.tiering.sealed import Batch, SegmentObject, Take, read_sync, walk
 from stratalog.tiering.segment import ActiveSegment
 
 from stratalog.spark.metadata import ManifestMetadata
@@ -276,6 +277,13 @@ def _rebuilt(h: BatchHeader, kept: list) -> bytes:
     return bytes(data)
 
 
+def _batches(store, seg) -> Iterator[Batch]:
+    """Every batch of a segment, read whole in one GET; framing, offsets and size checked."""
+    obj = SegmentObject(seg.key_base, seg.base_offset, seg.last_offset, seg.size)
+    steps = walk(obj, lambda h: Take.TAKE, chunk_bytes=max(seg.size, 1))
+    return read_sync(steps, lambda g: store.get(g.key, g.start, g.end))
+
+
 def rewrite_group(store, group: Group, keep: set[int], index_interval_bytes: int,
                   workdir: Path, *, now_ms: int) -> dict:
     """Write the compacted segment of one group and upload it under `group.key_base`."""
@@ -286,19 +294,10 @@ def rewrite_group(store, group: Group, keep: set[int], index_interval_bytes: int
         records_in = records_out = bytes_in = 0
         unchanged = len(group.inputs) == 1
         for n, seg in enumerate(group.inputs):
-            data = store.get(seg.key_base + layout.LOG)
-            if len(data) != seg.size:
-                raise CorruptBatch(f"{seg.key_base}{layout.LOG} is {len(data)} bytes, the manifest says {seg.size}")
-            bytes_in += len(data)
-            view = memoryview(data)
-            position = 0
-            while position < len(view):
-                h = BatchHeader.parse(view, position)
-                whole = view[position:position + h.size]
-                if len(whole) != h.size:
-                    raise CorruptBatch(f"{seg.key_base}{layout.LOG}: batch at {position} is cut short")
-                position += h.size
-                last_of_group = n == len(group.inputs) - 1 and position == len(view)
+            bytes_in += seg.size
+            for batch in _batches(store, seg):
+                h, whole = batch.header, batch.data
+                last_of_group = n == len(group.inputs) - 1 and batch.position + h.size == seg.size
                 if h.is_control:
                     out.append(whole)
                     continue

@@ -161,3 +161,48 @@ def test_a_decompression_bomb_to_a_compacted_topic_is_refused(gateway):
     peak_mib = int(status.split("VmHWM:")[1].split()[0]) // 1024
     assert peak_mib < 512, f"the gateway inflated the bomb: peak RSS {peak_mib} MiB"
     _round_trip_still_works(gateway)
+
+
+def test_a_damaged_sealed_segment_fails_only_its_partition(gateway_factory):
+    """A sealed .log damaged in the object store is answered KAFKA_STORAGE_ERROR for its
+    partition, never served as records; the other partition and the gateway keep serving."""
+    import time
+    from pathlib import Path
+
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    gw = gateway_factory(settings={"log.roll.ms": 300})
+    topic = f"damaged-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": gw.bootstrap})
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(15)
+    p = Producer({"bootstrap.servers": gw.bootstrap, "acks": "all"})
+    for i in range(40):
+        p.produce(topic, value=f"{i:04d}".encode() * 50, partition=i % 2)
+    assert p.flush(15) == 0
+    objects = Path(gw.data_dir) / "objects" / "topics"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        logs = {int(f.parent.name): f for f in objects.glob(f"{topic}-*/*/*.log")}
+        local = sum(f.stat().st_size for f in (Path(gw.data_dir) / "logs").glob(f"{topic}-*/*.log"))
+        if len(logs) == 2 and local == 0:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError(f"both partitions never sealed: {sorted(objects.rglob('*.log'))}")
+    data = bytearray(logs[0].read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    logs[0].write_bytes(bytes(data))
+
+    s = _connect(gw)
+    s.sendall(encode_request(1, 11, 1, {
+        "replica_id": -1, "max_wait_ms": 0, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0,
+        "session_id": 0, "session_epoch": -1, "rack_id": "", "forgotten_topics_data": [],
+        "topics": [{"topic": topic, "partitions": [
+            {"partition": n, "current_leader_epoch": -1, "fetch_offset": 0, "log_start_offset": -1,
+             "partition_max_bytes": 1 << 20} for n in (0, 1)]}]}))
+    _, body = decode_response(1, 11, _recv_frame(s))
+    s.close()
+    parts = {r.partition_index: r for r in body.responses[0].partitions}
+    assert parts[0].error_code == 56 and not parts[0].records  # KAFKA_STORAGE_ERROR
+    assert parts[1].error_code == 0 and parts[1].records
+    _round_trip_still_works(gw)

@@ -18,7 +18,7 @@ import pytest
 
 from moto_fixture import MotoServer, dummy_aws_env
 from stratalog.coordinator.model import PartitionState, TopicInfo
-from stratalog.engine.errors import NotLeader, OffsetOutOfRange
+from stratalog.engine.errors import CorruptLog, NotLeader, OffsetOutOfRange
 from stratalog.engine.producers import OutOfOrderSequence
 from stratalog.engine.wal_writer import WalCommitFailed
 from stratalog.gateway.cluster import balance_leaders, decide_partition, new_topic_assignments
@@ -256,6 +256,39 @@ def test_segment_ms_seals_the_active_segment(backends):
             assert not await h.exists(key)
         assert await h.store.wal_objects() == []
         assert await read_all(engine, "roll", 0) == stored  # served from the sealed segment now
+
+    run(backends, body)
+
+
+def test_a_damaged_sealed_segment_fails_its_partition_only(backends):
+    """A sealed .log damaged in the store after upload is refused as CorruptLog (Kafka's
+    KAFKA_STORAGE_ERROR) on read and on a timestamp lookup, never served; the topic's other
+    partition keeps serving."""
+
+    async def body(h):
+        await h.create_topic("dmg", 2, {"segment.ms": "60000"})
+        engine = await h.start_engine()
+        await h.lead(engine)
+        ts = h.clock.ms
+        for p in (0, 1):
+            for i in range(3):
+                await send(engine, "dmg", p, batch(2, ts=ts, tag=f"{p}-{i}"), h.clock.ms)
+        h.clock.advance(60_000)
+        engine.roll_due()
+        [damaged] = await sealed_segments(h, engine, "dmg", 0, 1)
+        [healthy] = await sealed_segments(h, engine, "dmg", 1, 1)
+        data = bytearray(await h.objects.get(damaged.key_base + layout.LOG))
+        data[-3] ^= 0xFF  # inside the last batch's records, under its CRC
+        await h.objects.put(damaged.key_base + layout.LOG, bytes(data))
+
+        plog = engine.leader("dmg", 0)
+        with pytest.raises(CorruptLog, match="CRC"):
+            await read_all(engine, "dmg", 0, start=4)
+        with pytest.raises(CorruptLog):
+            await engine.list_offset(plog, ts)
+        assert error_code(CorruptLog()) == ErrorCode.KAFKA_STORAGE_ERROR
+        assert len(records_of(await read_all(engine, "dmg", 1))) == 6
+        assert healthy.size == len(await h.objects.get(healthy.key_base + layout.LOG))
 
     run(backends, body)
 

@@ -62,7 +62,11 @@ async def _read_all(broker, req, version: int) -> tuple[list, int]:
             limit = min(p.partition_max_bytes, remaining)
             if limit <= 0 and total > 0:
                 continue
-            data = await broker.engine.read(source, offset, max(limit, 1))
+            try:
+                data = await broker.engine.read(source, offset, max(limit, 1))
+            except EngineError as e:
+                entry["error_code"] = error_code(e)
+                continue
             if data:
                 entry["records"] = data
                 total += len(data)

@@ -22,7 +22,11 @@ async def _one(broker, topic: str, p, version: int) -> dict:
     if p.timestamp < 0 and p.timestamp not in (LATEST, EARLIEST, MAX_TIMESTAMP):
         out["error_code"] = ErrorCode.INVALID_REQUEST
         return out
-    found = await broker.engine.list_offset(plog, p.timestamp)
+    try:
+        found = await broker.engine.list_offset(plog, p.timestamp)
+    except EngineError as e:
+        out["error_code"] = error_code(e)
+        return out
     if found is not None:
         out["offset"], out["timestamp"] = found
     return out
