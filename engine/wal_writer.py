@@ -1,8 +1,13 @@
 """The WAL buffer of one gateway: batches of every led partition, flushed as ONE object.
 
-Every `wal.flush.ms` or `wal.flush.bytes`, whichever comes first, the pending batches are
-uploaded as one WAL object and its per-partition ranges committed to the coordinator in
-one fenced commit. Only then does each partition's high watermark move and do `acks=all`
+Group commit: a flush starts as soon as batches are waiting and the previous flush has
+finished, but no sooner than `wal.flush.ms` after the previous flush (or the writer)
+started, unless the buffer already holds `wal.flush.bytes`. So a quiet gateway uploads a lone batch at once, a
+busy one merges everything that arrives during a flush into the next, and `wal.flush.ms`
+caps the object (PUT) rate: on S3 each flush is a paid request, on a file store only an
+fsync, which is why the default spacing depends on the store. A flush uploads the pending
+batches as one WAL object and commits its per-partition ranges to the coordinator in one
+fenced commit; only then does each partition's high watermark move and do `acks=all`
 producers get their answer. Flushes run one at a time, in order, so a partition's
 committed ranges never leave a hole.
 """
@@ -38,7 +43,6 @@ class _Pending:
     epochs: dict[tuple[uuid.UUID, int], int] = field(default_factory=dict)
     logs: dict[tuple[uuid.UUID, int], object] = field(default_factory=dict)
     done: dict[tuple[uuid.UUID, int], asyncio.Future] = field(default_factory=dict)
-    first_add: float = 0.0
 
     def fail(self, key, exc: Exception) -> None:
         fut = self.done.pop(key, None)
@@ -92,7 +96,6 @@ class WalWriter:
         """Queue a patched batch; the future resolves when its WAL object is committed."""
         p = self._pending
         if not p.done:
-            p.first_add = self.clock()
             self._wake.set()
         p.builder.add(plog.topic_id, plog.partition, base_offset, last_offset, max_timestamp, batch)
         p.epochs[plog.key] = plog.leader_epoch
@@ -115,6 +118,7 @@ class WalWriter:
             p.fail(key, WalCommitFailed("leadership moved before the batches were committed"))
 
     async def _run(self) -> None:
+        previous_start = self.clock()  # the spacing also counts from the start
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -123,7 +127,7 @@ class WalWriter:
                 if self._closing:
                     return
                 continue
-            due = p.first_add + self.flush_ms / 1000
+            due = previous_start + self.flush_ms / 1000
             while p.builder.size < self.flush_bytes and not self._closing:
                 delay = due - self.clock()
                 if delay <= 0:
@@ -133,6 +137,7 @@ class WalWriter:
                 except asyncio.TimeoutError:
                     break
                 self._wake.clear()
+            previous_start = self.clock()
             self._pending = _Pending()
             await self._flush(p)
 

@@ -86,7 +86,7 @@ BROKER_SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("log.cleaner.delete.retention.ms", 86_400_000, _int, "How long tombstones survive compaction (topic: delete.retention.ms).", 0),
     _s("log.cleaner.min.compaction.lag.ms", 0, _int, "Records younger than this are never compacted (topic: min.compaction.lag.ms).", 0),
     _s("compression.type", "producer", _choice("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"), "Topic: compression.type (stored as produced)."),
-    _s("wal.flush.ms", 200, _int, "Longest time an appended batch waits for its WAL object.", 1),
+    _s("wal.flush.ms", -1, _int, "Least time between the starts of two WAL flushes (a flush starts once the previous one is done and batches wait); -1: 200 for s3://, 0 for file:// (group commit, one fsync after another).", -1),
     _s("wal.flush.bytes", 8 * MiB, _int, "Flush the WAL buffer once it holds this many bytes.", 1),
     _s("s3.connect.timeout.ms", 10_000, _int, "S3 connection timeout per attempt.", 1),
     _s("s3.read.timeout.ms", 60_000, _int, "S3 response timeout per attempt; a stalled request is retried after it.", 1),

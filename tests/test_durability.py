@@ -98,9 +98,10 @@ def _check(acked, found):
         assert positions == sorted(positions), "acknowledged records out of order"
 
 
+@pytest.mark.parametrize("flush_ms", [-1, 30], ids=["group-commit", "flushes-30ms-apart"])
 @pytest.mark.parametrize("wipe_local", [False, True], ids=["restart", "restart-without-local-files"])
-def test_kill9_keeps_every_acknowledged_record(gateway_factory, wipe_local):
-    gw = gateway_factory(settings={"wal.flush.ms": 30})
+def test_kill9_keeps_every_acknowledged_record(gateway_factory, wipe_local, flush_ms):
+    gw = gateway_factory(settings={"wal.flush.ms": flush_ms})
     topic = f"durable-{uuid.uuid4().hex[:6]}"
     _create(gw.bootstrap, topic)
     acked = _stream_until_killed(gw, topic, {"retries": 0})

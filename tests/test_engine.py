@@ -466,6 +466,57 @@ def test_uncommitted_wal_objects_are_collected_but_never_in_flight_ones(backends
     run(backends, body)
 
 
+def test_a_crash_between_a_wal_upload_and_its_commit_loses_only_unacknowledged_batches(backends):
+    """The process dies after a flush wrote its WAL object and before the coordinator
+    committed it: the batches in it were never acknowledged. After a restart on the same
+    data directory nothing of them is served (although the local segment holds them), the
+    acknowledged batch is there once, new offsets continue after it, and the object is
+    collected."""
+
+    async def body(h):
+        await h.create_topic("crash", 1)
+        engine = await h.start_engine()
+        await h.lead(engine)
+        acked = batch(2, ts=h.clock.ms, tag="acked")
+        await send(engine, "crash", 0, acked, h.clock.ms)
+
+        uploaded: list[str] = []
+        commit_wal = h.store.commit_wal
+
+        async def dies_before_committing(obj, epochs):
+            uploaded.append(obj.key)
+            await asyncio.Event().wait()
+
+        h.store.commit_wal = dies_before_committing
+        lost = engine.append("crash", 0, batch(3, ts=h.clock.ms, tag="lost"), now_ms=h.clock.ms)
+        await eventually(lambda: uploaded, "the WAL upload")
+        assert await h.exists(uploaded[0]) and not lost.commit.done()
+        assert engine.leader("crash", 0).next_offset == 5  # in the local segment, uncommitted
+
+        # kill -9: every task stops where it is; nothing is flushed or closed.
+        for task in asyncio.all_tasks():
+            if task is not asyncio.current_task():
+                task.cancel()
+        await asyncio.sleep(0)
+        h.engines.remove(engine)
+        h.store.commit_wal = commit_wal
+        await h.reopen_clients()
+        await h.move_leadership("crash", 0, leader=1)
+        engine = await h.start_engine(data_dir=engine.data_dir)
+        await engine.collect_orphan_wal_objects()
+        await h.lead(engine)
+
+        plog = engine.leader("crash", 0)
+        assert (plog.high_watermark, plog.next_offset) == (2, 2)
+        assert records_of(await read_all(engine, "crash", 0)) == records_of(acked)
+        assert not await h.exists(uploaded[0])
+        after = batch(1, ts=h.clock.ms, tag="after")
+        assert (await send(engine, "crash", 0, after, h.clock.ms)).base_offset == 2
+        assert records_of(await read_all(engine, "crash", 0)) == expected_records([(0, acked), (2, after)])
+
+    run(backends, body)
+
+
 def test_unreferenced_segment_objects_are_collected_but_never_in_flight_ones(backends):
     async def body(h):
         info = await h.create_topic("orphans", 1, {"segment.ms": "1000"})
