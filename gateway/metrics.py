@@ -29,16 +29,25 @@ class GatewayMetrics:
         self.wal_commit = Histogram("stratalog_wal_commit_seconds", "Coordinator commit of a WAL object",
                                     buckets=LATENCY_BUCKETS, registry=self.registry)
         self.broker = None
+        self._by_topic: dict[str, tuple] = {}
 
     def observe_request(self, api: str, seconds: float) -> None:
         self.requests.labels(api).observe(seconds)
 
     def produced(self, topic: str, nbytes: int, records: int) -> None:
-        self.bytes_in.labels(topic).inc(nbytes)
-        self.records_in.labels(topic).inc(records)
+        bytes_in, records_in = self._produced_children(topic)
+        bytes_in.inc(nbytes)
+        records_in.inc(records)
 
     def fetched(self, topic: str, nbytes: int) -> None:
         self.bytes_out.labels(topic).inc(nbytes)
+
+    def _produced_children(self, topic: str):
+        # labels() looks the child up under a lock on every call; produce is the hot path.
+        children = self._by_topic.get(topic)
+        if children is None:
+            children = self._by_topic[topic] = (self.bytes_in.labels(topic), self.records_in.labels(topic))
+        return children
 
     def attach(self, broker) -> None:
         """Collect the state readings of this broker on every scrape."""

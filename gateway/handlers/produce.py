@@ -68,16 +68,17 @@ async def produce(ctx: RequestContext, req):
 
 
 async def _await_commit(body: dict, waits, timeout_ms: int) -> dict:
-    async def one(resp, w):
-        try:
-            await asyncio.wait_for(asyncio.shield(w) if isinstance(w, asyncio.Future) else w,
-                                   max(timeout_ms, 1) / 1000)
-        except asyncio.TimeoutError:
+    # One wait for all partitions: a WAL commit future is shared by every request whose
+    # batches are in that flush, and asyncio.wait never cancels what it waits for.
+    pending = [(resp, asyncio.ensure_future(w)) for resp, w in waits]
+    _, late = await asyncio.wait({f for _, f in pending}, timeout=max(timeout_ms, 1) / 1000)
+    for resp, f in pending:
+        if f in late:
+            if isinstance(f, asyncio.Task):
+                f.cancel()  # a retried batch's wait for its original, ours alone
             resp["error_code"] = ErrorCode.REQUEST_TIMED_OUT
             resp["error_message"] = "the batch was not committed within the request timeout"
-        except Exception as e:  # noqa: BLE001
-            resp["error_code"] = error_code(e)
-            resp["error_message"] = error_message(e)
-
-    await asyncio.gather(*(one(r, w) for r, w in waits))
+        elif f.exception() is not None:
+            resp["error_code"] = error_code(f.exception())
+            resp["error_message"] = error_message(f.exception())
     return body
