@@ -112,6 +112,17 @@ class CommittedOffset:
     commit_timestamp: int
 
 
+@dataclass(frozen=True)
+class ScramCredential:
+    """A user's SCRAM secret for one mechanism (RFC 5802): never the password itself."""
+
+    mechanism: str  # "SCRAM-SHA-256" or "SCRAM-SHA-512"
+    salt: bytes
+    iterations: int
+    stored_key: bytes
+    server_key: bytes
+
+
 class ClusterStore(Protocol):
     """What the gateway and tools ask of the coordinator. Every method is a coroutine."""
 

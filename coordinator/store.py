@@ -1,13 +1,15 @@
 """`KVClusterStore`: the cluster model of `coordinator.model` over any `KV` backend.
 
 Keys live under `/stratalog/<cluster>/` as model.py lists them, values are compact JSON
-(UUIDs as strings, names percent-quoted inside keys). Four keys are added to that list:
+(UUIDs as strings, names percent-quoted inside keys). Five keys are added to that list:
 
     keyspace_version                  -> KEYSPACE_VERSION of the layout below (absent: 1)
     partitions/<topic_id>/<p>/epoch   -> leader epoch as a decimal integer
     fence_generation                  -> rewritten whenever any leader epoch changes
     index_deletions                   -> rewritten by every transaction that deletes
                                          topic, log, segment or WAL keys
+    users/<user>/<mechanism>          -> a SCRAM credential (salt, iterations, stored and
+                                         server keys, base64): never a password
 
 `keyspace_version` versions every key and value here, the idempotent producer snapshot in
 segment entries (gateway.producers) included: a change to any of them bumps
@@ -38,6 +40,8 @@ the log start offset.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import json
 import uuid
 from dataclasses import dataclass, field, replace
@@ -49,8 +53,8 @@ from stratalog.coordinator.kv import (
     RequestTooLarge, UnsupportedFormat, absent, exists, mod_is, request_bytes,
     unsupported_version, value_is)
 from stratalog.coordinator.model import (
-    CommittedOffset, Fenced, LogState, PartitionState, SegmentEntry, TopicExists, TopicInfo,
-    UnknownTopic, WalObject, WalRange)
+    CommittedOffset, Fenced, LogState, PartitionState, ScramCredential, SegmentEntry, TopicExists,
+    TopicInfo, UnknownTopic, WalObject, WalRange)
 
 TP = tuple[uuid.UUID, int]
 
@@ -156,6 +160,21 @@ def _offset(key: str, value: bytes) -> CommittedOffset:
                                int(d["commit_timestamp"]))
     except _BAD as e:
         raise CoordinatorError(f"corrupt committed offset at {key}: {e!r}") from None
+
+
+def _credential_json(c: ScramCredential) -> bytes:
+    b64 = base64.b64encode
+    return _dumps({"mechanism": c.mechanism, "salt": b64(c.salt).decode(), "iterations": c.iterations,
+                   "stored_key": b64(c.stored_key).decode(), "server_key": b64(c.server_key).decode()})
+
+
+def _credential(key: str, value: bytes) -> ScramCredential:
+    d = _loads(key, value)
+    try:
+        return ScramCredential(str(d["mechanism"]), base64.b64decode(d["salt"]), int(d["iterations"]),
+                               base64.b64decode(d["stored_key"]), base64.b64decode(d["server_key"]))
+    except (*_BAD, binascii.Error) as e:
+        raise CoordinatorError(f"corrupt credential at {key}: {e!r}") from None
 
 
 def _int(key: str, value: bytes) -> int:
@@ -408,12 +427,15 @@ class KVClusterStore:
         await self.kv.revoke(lease)
 
     async def register_broker(self, broker_id: int, host: str, port: int, rack: str | None,
-                              lease: int, lagging: Sequence[str] = ()) -> None:
+                              lease: int, lagging: Sequence[str] = (),
+                              endpoints: dict[str, tuple[str, int]] | None = None) -> None:
         """Announce a live broker under a lease (it disappears when the lease ends), with the
-        partitions ("topic_id/p") whose committed data it has not yet caught up on."""
-        await self.kv.put(self._k(f"brokers/{broker_id}"),
-                          _dumps({"host": host, "port": port, "rack": rack,
-                                  "lagging": list(lagging)}), lease)
+        partitions ("topic_id/p") whose committed data it has not yet caught up on and its
+        advertised address per listener name."""
+        info: dict[str, Any] = {"host": host, "port": port, "rack": rack, "lagging": list(lagging)}
+        if endpoints:
+            info["endpoints"] = {name: [h, p] for name, (h, p) in endpoints.items()}
+        await self.kv.put(self._k(f"brokers/{broker_id}"), _dumps(info), lease)
 
     async def brokers(self) -> dict[int, dict]:
         """Live brokers by id: {"host", "port", "rack"}."""
@@ -428,6 +450,30 @@ class KVClusterStore:
         await self.kv.txn([absent(key)], [Put(key, _dumps(broker_id), lease)])
         got = await self.kv.get(key)
         return _int(key, got[0]) if got else -1
+
+    # --- SASL/SCRAM users ------------------------------------------------------------------
+
+    def _user_key(self, user: str, mechanism: str) -> str:
+        return self._k(f"users/{_q(user)}/{mechanism}")
+
+    async def put_scram_credential(self, user: str, credential: ScramCredential) -> None:
+        await self.kv.put(self._user_key(user, credential.mechanism), _credential_json(credential))
+
+    async def scram_credential(self, user: str, mechanism: str) -> ScramCredential | None:
+        key = self._user_key(user, mechanism)
+        got = await self.kv.get(key)
+        return None if got is None else _credential(key, got[0])
+
+    async def delete_scram_credential(self, user: str, mechanism: str) -> bool:
+        return await self.kv.delete(self._user_key(user, mechanism))
+
+    async def scram_users(self) -> dict[str, list[ScramCredential]]:
+        """Every user with a SCRAM credential, and theirs (one per mechanism)."""
+        out: dict[str, list[ScramCredential]] = {}
+        for key, value, _ in await self.kv.range(self._k("users/")):
+            user = unquote(key[len(self._k("users/")):].split("/", 1)[0])
+            out.setdefault(user, []).append(_credential(key, value))
+        return out
 
     # --- topics --------------------------------------------------------------------------
 

@@ -11,8 +11,10 @@ from stratalog.coordinator import UnsupportedFormat, open_coordinator
 from stratalog.tiering.objectstore import open_store
 
 from . import datadir
+from .auth.listeners import advertised_endpoints, parse_listeners
+from .auth.tls import ServerTls
 from .broker import Broker, start_step
-from .config import BrokerConfig
+from .config import BrokerConfig, ConfigError
 from .http import HttpServer
 from .metrics import GatewayMetrics
 from .server import GatewayServer
@@ -55,7 +57,8 @@ class Gateway:
         self.data_dir = options.data_dir.resolve()
         self.object_store_url = options.object_store or (self.data_dir / "objects").as_uri()
         self.broker: Broker | None = None
-        self.server: GatewayServer | None = None
+        self.server: GatewayServer | None = None  # the first listener's
+        self.servers: list[GatewayServer] = []
         self.http: HttpServer | None = None
         self.metrics = GatewayMetrics()
         self._store = None
@@ -93,22 +96,33 @@ class Gateway:
         if node_id < 0:
             node_id = (EMBEDDED_NODE_ID if self.options.coordinator in (None, "embedded")
                        else await self._store.allocate_broker_id())
-        # Bind first: the advertised port of ":0" listeners is known only after binding.
-        self.server = GatewayServer(None, self.host, self.port,
-                                    max_request_bytes=self.config["socket.request.max.bytes"],
-                                    metrics=self.metrics)
         try:
-            await self.server.bind()
-        except OSError as e:
-            raise StartupError(f"cannot listen on {self.host}:{self.port}: {e.strerror or e}") from None
-        self.port = self.server.port
-        adv = (parse_host_port(self.options.advertised, "--advertised") if self.options.advertised
-               else (self.host if self.host not in ("0.0.0.0", "::", "") else "127.0.0.1", self.port))
-        self.broker = Broker(self.config, node_id=node_id, advertised=adv, data_dir=self.data_dir,
-                             store=self._store, objects=objects, rack=self.options.rack,
+            listeners = parse_listeners(self.config, (self.host, self.port))
+            tls = ServerTls(self.config) if any(ln.tls for ln in listeners) else None
+        except ConfigError as e:
+            raise StartupError(str(e)) from None
+        # Bind first: the advertised port of ":0" listeners is known only after binding.
+        self.servers = [GatewayServer(None, ln, max_request_bytes=self.config["socket.request.max.bytes"],
+                                      metrics=self.metrics, tls=tls) for ln in listeners]
+        for server in self.servers:
+            try:
+                await server.bind()
+            except OSError as e:
+                raise StartupError(f"cannot listen on {server.listener}: {e.strerror or e}") from None
+        self.server = self.servers[0]
+        self.host, self.port = self.server.host, self.server.port
+        try:
+            endpoints = advertised_endpoints(
+                self.config, [s.listener for s in self.servers],
+                parse_host_port(self.options.advertised, "--advertised") if self.options.advertised else None)
+        except ConfigError as e:
+            raise StartupError(str(e)) from None
+        self.broker = Broker(self.config, node_id=node_id, advertised=endpoints[self.server.listener.name],
+                             data_dir=self.data_dir, store=self._store, objects=objects, rack=self.options.rack,
                              lease_ttl_s=max(1, round(self.config["broker.session.timeout.ms"] / 1000)),
-                             metrics=self.metrics)
-        self.server.broker = self.broker
+                             metrics=self.metrics, endpoints=endpoints)
+        for server in self.servers:
+            server.broker = self.broker
         self.metrics.attach(self.broker)
         if self.options.http:
             host, port = parse_host_port(self.options.http, "--http")
@@ -121,7 +135,8 @@ class Gateway:
         datadir.mark(self.data_dir)  # every format check has passed
         # Clients are accepted only now: a request before the broker knows its topics would
         # be answered wrongly (UNKNOWN_TOPIC for a topic that exists).
-        await self.server.start()
+        for server in self.servers:
+            await server.start()
 
     def readiness(self) -> tuple[bool, str]:
         if self.broker is None or not self.broker.started:
@@ -131,8 +146,8 @@ class Gateway:
     async def stop(self) -> None:
         if self.http is not None:
             await self.http.stop()
-        if self.server is not None:
-            await self.server.stop()
+        for server in self.servers:
+            await server.stop()
         if self.broker is not None:
             await self.broker.stop()
         if self._store is not None:
@@ -141,7 +156,8 @@ class Gateway:
     def banner(self) -> str:
         a = self.broker.address
         coord = self.options.coordinator or f"embedded at {self.data_dir}"
-        return (f"stratalog: serving Kafka on {self.host}:{self.port} "
+        extra = "".join(f", {s.listener.protocol} on {s.host}:{s.port}" for s in self.servers[1:])
+        return (f"stratalog: serving Kafka on {self.host}:{self.port}{extra} "
                 f"(advertised {a.host}:{a.port}, node {a.node_id}); "
                 f"objects at {self.object_store_url}; coordinator {coord}"
                 + (f"; http on {self.http.host}:{self.http.port}" if self.http else ""))

@@ -55,10 +55,12 @@ class Broker:
     def __init__(self, config: BrokerConfig, *, node_id: int, advertised: tuple[str, int],
                  data_dir: Path, store: ClusterStore, objects: ObjectStore,
                  rack: str | None = None, clock: Callable[[], float] = time.time,
-                 lease_ttl_s: int = 6, metrics=None):
+                 lease_ttl_s: int = 6, metrics=None,
+                 endpoints: dict[str, tuple[str, int]] | None = None):
         self.config = config
         self.node_id = node_id
-        self.address = BrokerAddress(node_id, advertised[0], advertised[1], rack)
+        self.address = BrokerAddress(node_id, advertised[0], advertised[1], rack, endpoints or {})
+        self.sasl_mechanisms = tuple(m.strip() for m in config["sasl.enabled.mechanisms"].split(",") if m.strip())
         self.data_dir = data_dir
         self.store = store
         self.objects = objects
@@ -223,13 +225,15 @@ class Broker:
         live = self.membership.live
         return [live[i] for i in sorted(live)] or [self.address]
 
-    def coordinator_for(self, key: str) -> tuple[int, str, int] | None:
-        """The gateway coordinating a group: a hash over the live set, the same everywhere."""
+    def coordinator_for(self, key: str, listener: str | None = None) -> tuple[int, str, int] | None:
+        """The gateway coordinating a group: a hash over the live set, the same everywhere;
+        its address on `listener` (None: if it has no such listener)."""
         live = self.live_brokers()
         if not live:
             return None
         a = live[coordinator_index(key, len(live))]
-        return a.node_id, a.host, a.port
+        where = a.endpoint(listener)
+        return None if where is None else (a.node_id, *where)
 
     def is_coordinator_for(self, key: str) -> bool:
         c = self.coordinator_for(key)

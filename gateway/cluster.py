@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from stratalog.coordinator.model import ClusterStore, Fenced, PartitionState, TopicInfo
@@ -30,9 +30,17 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class BrokerAddress:
     node_id: int
-    host: str
+    host: str  # of the first listener (what gateways without named listeners register)
     port: int
     rack: str | None = None
+    # advertised (host, port) by listener name; empty: only the address above
+    endpoints: dict[str, tuple[str, int]] = field(default_factory=dict, compare=False)
+
+    def endpoint(self, listener: str | None) -> tuple[str, int] | None:
+        """Where a client of `listener` reaches this gateway; None if it has no such listener."""
+        if not self.endpoints or listener is None:
+            return self.host, self.port
+        return self.endpoints.get(listener)
 
 
 class Membership:
@@ -61,7 +69,7 @@ class Membership:
     async def _put(self) -> None:
         a = self.address
         await self.store.register_broker(a.node_id, a.host, a.port, a.rack, self.lease,
-                                         lagging=sorted(self.lagging))
+                                         lagging=sorted(self.lagging), endpoints=a.endpoints)
         self._registered_lagging = set(self.lagging)
 
     async def _keepalive(self) -> None:
@@ -84,7 +92,8 @@ class Membership:
     async def refresh(self) -> dict[int, BrokerAddress]:
         live, lagging = {}, {}
         for node_id, info in (await self.store.brokers()).items():
-            live[node_id] = BrokerAddress(node_id, info["host"], info["port"], info.get("rack"))
+            endpoints = {name: (h, p) for name, (h, p) in info.get("endpoints", {}).items()}
+            live[node_id] = BrokerAddress(node_id, info["host"], info["port"], info.get("rack"), endpoints)
             lagging[node_id] = frozenset(info.get("lagging", ()))
         self.live, self._lagging_by_broker = live, lagging
         return live

@@ -44,6 +44,18 @@ def _choice(*allowed: str) -> Callable[[Any], str]:
     return parse
 
 
+def _str(v: Any) -> str:
+    return str(v).strip()
+
+
+def _mechanisms(v: Any) -> str:
+    names = [m.strip().upper() for m in str(v).split(",") if m.strip()]
+    known = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+    if not names or any(m not in known for m in names):
+        raise ValueError(f"{v!r}: mechanisms are one or more of {', '.join(known)}")
+    return ",".join(names)
+
+
 def _policy(v: Any) -> str:
     parts = sorted({p.strip() for p in str(v).split(",") if p.strip()})
     if not parts or any(p not in ("delete", "compact") for p in parts):
@@ -58,10 +70,11 @@ class Setting:
     parse: Callable[[Any], Any]
     doc: str
     minimum: int | None = None
+    sensitive: bool = False  # a secret: DescribeConfigs answers no value, logs never show it
 
 
-def _s(name, default, parse, doc, minimum=None) -> Setting:
-    return Setting(name, default, parse, doc, minimum)
+def _s(name, default, parse, doc, minimum=None, sensitive=False) -> Setting:
+    return Setting(name, default, parse, doc, minimum, sensitive)
 
 
 MiB = 1024 * 1024
@@ -86,6 +99,15 @@ BROKER_SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("log.cleaner.delete.retention.ms", 86_400_000, _int, "How long tombstones survive compaction (topic: delete.retention.ms).", 0),
     _s("log.cleaner.min.compaction.lag.ms", 0, _int, "Records younger than this are never compacted (topic: min.compaction.lag.ms).", 0),
     _s("compression.type", "producer", _choice("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"), "Topic: compression.type (stored as produced)."),
+    _s("listeners", "", _str, "Listeners as NAME://HOST:PORT, comma-separated (empty: one PLAINTEXT listener on --listen)."),
+    _s("advertised.listeners", "", _str, "Where clients reach each listener, NAME://HOST:PORT (empty: --advertised for the first, else the bound address)."),
+    _s("listener.security.protocol.map", "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL", _str, "Security protocol of each listener name."),
+    _s("sasl.enabled.mechanisms", "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512", _mechanisms, "SASL mechanisms offered on SASL listeners."),
+    _s("ssl.keystore.location", "", _str, "PEM file with the private key and certificate chain of TLS listeners."),
+    _s("ssl.key.password", "", _str, "Password of the private key in ssl.keystore.location, if it is encrypted.", sensitive=True),
+    _s("ssl.truststore.location", "", _str, "PEM bundle of the CAs client certificates must chain to."),
+    _s("ssl.client.auth", "none", _choice("none", "requested", "required"), "Client certificates on TLS listeners (mTLS)."),
+    _s("ssl.principal.mapping.rules", "DEFAULT", _str, "RULE:pattern/replacement/[LU],...,DEFAULT: a client certificate's subject to a user name."),
     _s("wal.flush.ms", -1, _int, "Least time between the starts of two WAL flushes (a flush starts once the previous one is done and batches wait); -1: 200 for s3://, 0 for file:// (group commit, one fsync after another).", -1),
     _s("wal.flush.bytes", 8 * MiB, _int, "Flush the WAL buffer once it holds this many bytes.", 1),
     _s("s3.connect.timeout.ms", 10_000, _int, "S3 connection timeout per attempt.", 1),

@@ -19,9 +19,12 @@ import logging
 import struct
 import time
 
+from .auth.listeners import Listener
+from .auth.session import Session
+from .auth.tls import ServerTls, map_principal, subject_dn
 from .errors import serving
 from .handlers import load_handlers
-from .handlers.registry import HANDLERS, NO_RESPONSE, Deferred, RequestContext, supported_versions
+from .handlers.registry import HANDLERS, NO_RESPONSE, ApiKey, Deferred, RequestContext, supported_versions
 from .protocol.error_codes import ErrorCode
 from .protocol.frames import UnknownApi, decode_request, encode_response_parts, error_response
 from .protocol.wire import DecodeError
@@ -29,6 +32,8 @@ from .protocol.wire import DecodeError
 log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 4096  # responses a connection may have pending before we stop reading
+# What a connection on a SASL listener may send before it has authenticated.
+BEFORE_AUTHENTICATION = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 
 
 def _failure_response(ctx: RequestContext, what: str) -> dict | None:
@@ -41,13 +46,18 @@ def _failure_response(ctx: RequestContext, what: str) -> dict | None:
 
 
 class GatewayServer:
-    def __init__(self, broker, host: str, port: int, *, max_request_bytes: int, metrics=None):
+    """One listener: its socket, its TLS, and the connections accepted on it."""
+
+    def __init__(self, broker, listener: Listener, *, max_request_bytes: int, metrics=None,
+                 tls: ServerTls | None = None):
         load_handlers()
         self.broker = broker
-        self.host = host
-        self.port = port
+        self.listener = listener
+        self.host = listener.host
+        self.port = listener.port
         self.max_request_bytes = max_request_bytes
         self.metrics = metrics
+        self.tls = tls if listener.tls else None
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task] = set()
         self._supported = supported_versions()
@@ -56,8 +66,10 @@ class GatewayServer:
         """Bind the listener (so a port of 0 is resolved) without accepting clients yet."""
         self._server = await asyncio.start_server(self._accept, self.host, self.port,
                                                   limit=1 << 20, reuse_address=True,
-                                                  start_serving=False)
+                                                  start_serving=False,
+                                                  ssl=self.tls.context if self.tls else None)
         self.port = self._server.sockets[0].getsockname()[1]
+        self.listener = Listener(self.listener.name, self.listener.protocol, self.host, self.port)
 
     async def start(self) -> None:
         if self._server is None:
@@ -78,8 +90,14 @@ class GatewayServer:
         self._connections.add(task)
         peer = writer.get_extra_info("peername")
         peer_s = f"{peer[0]}:{peer[1]}" if peer else "?"
+        session = Session(self.listener)
+        if self.tls is not None:
+            self.tls.refresh()  # a renewed certificate serves the next handshake
+            dn = subject_dn(writer.get_extra_info("peercert"))
+            if dn is not None:
+                session.principal = f"User:{map_principal(self.tls.rules, dn)}"
         try:
-            await self._serve(reader, writer, peer_s)
+            await self._serve(reader, writer, peer_s, session)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except asyncio.CancelledError:
@@ -90,7 +108,8 @@ class GatewayServer:
             self._connections.discard(task)
             writer.close()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str) -> None:
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str,
+                     session: Session) -> None:
         responses: asyncio.Queue = asyncio.Queue(MAX_IN_FLIGHT)
         write_task = asyncio.create_task(self._write_responses(responses, writer, peer))
         try:
@@ -102,10 +121,15 @@ class GatewayServer:
                                 peer, size, self.max_request_bytes)
                     return
                 frame = await reader.readexactly(size)
-                item = await self._handle(frame, peer)
+                if session.raw_tokens:
+                    item = await self._raw_sasl(frame, peer, session)
+                else:
+                    item = await self._handle(frame, peer, session)
                 if item is None:
                     return  # garbage: close the connection
                 await responses.put(item)
+                if session.closing:
+                    return  # answered (a failed authentication); nothing more is read
         finally:
             await responses.put(None)
             try:
@@ -113,7 +137,7 @@ class GatewayServer:
             except Exception:  # noqa: BLE001
                 pass
 
-    async def _handle(self, frame: bytes, peer: str):
+    async def _handle(self, frame: bytes, peer: str, session: Session):
         started = time.perf_counter()
         try:
             req = decode_request(frame, self._supported)
@@ -123,9 +147,13 @@ class GatewayServer:
         except DecodeError as e:
             log.warning("%s: closing, malformed request: %s", peer, e)
             return None
+        if not session.authenticated and req.api_key not in BEFORE_AUTHENTICATION:
+            log.warning("%s: closing, %s before authenticating on %s listener %s", peer, req.api_name,
+                        session.listener.protocol, session.listener.name)
+            return None
         handler = HANDLERS[req.api_key]
         ctx = RequestContext(self.broker, req.api_key, req.api_version, req.client_id, peer,
-                             req.correlation_id)
+                             req.correlation_id, session)
         token = serving.set(ctx)
         try:
             result = await handler.fn(ctx, req.body)
@@ -139,12 +167,25 @@ class GatewayServer:
         # are a view of its whole frame) must not live until the response is written.
         return (req.api_key, req.api_name, req.correlation_id, ctx, result, started)
 
+    async def _raw_sasl(self, token: bytes, peer: str, session: Session) -> bytes | None:
+        """After a SaslHandshake v0 the SASL tokens travel framed by a length alone (no
+        request header): a failed step cannot be answered, so it closes the connection."""
+        try:
+            return await session.step(self.broker.store, token)
+        except Exception as e:  # noqa: BLE001 - AuthenticationFailed, IllegalSaslState
+            log.warning("%s: SASL/%s authentication failed: %s", peer, session.mechanism, e)
+            return None
+
     async def _write_responses(self, responses: asyncio.Queue, writer: asyncio.StreamWriter,
                                peer: str) -> None:
         while True:
             item = await responses.get()
             if item is None:
                 return
+            if isinstance(item, bytes):  # a raw SASL token (SaslHandshake v0)
+                writer.write(struct.pack(">i", len(item)) + item)
+                await writer.drain()
+                continue
             api_key, api_name, correlation_id, ctx, result, started = item
             if isinstance(result, Deferred):
                 token = serving.set(ctx)

@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 
+from stratalog.gateway.auth.listeners import Listener
 from stratalog.gateway.errors import error_code
 from stratalog.gateway.handlers import load_handlers
 from stratalog.gateway.handlers.registry import (
@@ -60,7 +61,7 @@ class NoTopics:
     def controller_id(self) -> int:
         return 1
 
-    def coordinator_for(self, key: str):
+    def coordinator_for(self, key: str, listener=None):
         return 1, "127.0.0.1", 9092
 
 
@@ -134,7 +135,7 @@ class Client:
 async def with_server(check, **handlers):
     """Run `check(server, connect)` against a GatewayServer whose handlers for the given
     API names are replaced."""
-    server = GatewayServer(object(), "127.0.0.1", 0, max_request_bytes=1 << 20)
+    server = GatewayServer(object(), Listener("PLAINTEXT", "PLAINTEXT", "127.0.0.1", 0), max_request_bytes=1 << 20)
     saved = dict(HANDLERS)
     for name, fn in handlers.items():
         h = HANDLERS[ApiKey[name]]

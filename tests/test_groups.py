@@ -794,7 +794,7 @@ class Gateway:
         self.topics = topics
         self.owns = owns
 
-    def coordinator_for(self, key: str) -> tuple[int, str, int]:
+    def coordinator_for(self, key: str, listener: str | None = None) -> tuple[int, str, int]:
         return self.node_id, "127.0.0.1", 19092
 
     def is_coordinator_for(self, key: str) -> bool:

@@ -15,7 +15,8 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECKED = ["stratalog.engine", "stratalog.tiering", "stratalog.coordinator", "stratalog.gateway.protocol"]
+CHECKED = ["stratalog.engine", "stratalog.tiering", "stratalog.coordinator", "stratalog.gateway.protocol",
+           "stratalog.gateway.auth"]
 
 
 def main(argv: list[str]) -> int:

@@ -127,10 +127,11 @@ def _describe_broker(broker, keys) -> list[dict]:
     for k, v in sorted(broker.config.items()):
         if keys is not None and k not in keys:
             continue
-        rows.append({"name": k, "value": _render(v), "read_only": True,
+        sensitive = BROKER_SETTINGS[k].sensitive
+        rows.append({"name": k, "value": None if sensitive else _render(v), "read_only": True,
                      "is_default": v == BROKER_SETTINGS[k].default,
                      "config_source": DEFAULT if v == BROKER_SETTINGS[k].default else STATIC_BROKER,
-                     "is_sensitive": False, "synonyms": [], "config_type": _config_type(v),
+                     "is_sensitive": sensitive, "synonyms": [], "config_type": _config_type(v),
                      "documentation": BROKER_SETTINGS[k].doc})
     return rows
 

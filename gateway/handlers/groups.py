@@ -41,7 +41,7 @@ def _locate(ctx: RequestContext, key: str, key_type: int) -> dict[str, Any]:
     if key_type not in (GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE):
         return _no_coordinator(key, E.INVALID_REQUEST, f"unknown coordinator key type {key_type}")
     # Groups and transactions are coordinated by the same gateway for a key.
-    where = ctx.broker.coordinator_for(key)
+    where = ctx.broker.coordinator_for(key, ctx.session.listener.name if ctx.session else None)
     if where is None:
         return _no_coordinator(key, E.COORDINATOR_NOT_AVAILABLE, "no live gateway")
     node_id, host, port = where

@@ -10,9 +10,16 @@ from .registry import ApiKey, RequestContext, handles
 CLUSTER_ACTIONS_OMITTED = -2147483648
 
 
-def _brokers(broker, id_field: str = "node_id"):
-    return [{id_field: a.node_id, "host": a.host, "port": a.port, "rack": a.rack}
-            for a in broker.live_brokers()]
+def _brokers(ctx: RequestContext, id_field: str = "node_id"):
+    """Every live gateway at its address on the listener this client connected to (a
+    gateway without that listener is left out, as Kafka does)."""
+    listener = ctx.session.listener.name if ctx.session else None
+    out = []
+    for a in ctx.broker.live_brokers():
+        where = a.endpoint(listener)
+        if where is not None:
+            out.append({id_field: a.node_id, "host": where[0], "port": where[1], "rack": a.rack})
+    return out
 
 
 async def describe_topic(broker, name: str, info, error: int = 0) -> dict:
@@ -65,7 +72,7 @@ async def metadata(ctx: RequestContext, req):
             if info is None and not error:
                 error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             topics.append(await describe_topic(broker, name, info, error))
-    return {"throttle_time_ms": 0, "brokers": _brokers(broker), "cluster_id": broker.cluster_id,
+    return {"throttle_time_ms": 0, "brokers": _brokers(ctx), "cluster_id": broker.cluster_id,
             "controller_id": broker.controller_id(), "topics": topics,
             "cluster_authorized_operations": CLUSTER_ACTIONS_OMITTED}
 
@@ -75,5 +82,5 @@ async def describe_cluster(ctx: RequestContext, req):
     broker = ctx.broker
     return {"throttle_time_ms": 0, "error_code": 0, "endpoint_type": 1,
             "cluster_id": broker.cluster_id, "controller_id": broker.controller_id(),
-            "brokers": _brokers(broker, "broker_id"),
+            "brokers": _brokers(ctx, "broker_id"),
             "cluster_authorized_operations": CLUSTER_ACTIONS_OMITTED}

@@ -15,6 +15,7 @@ from stratalog.gateway.protocol.catalog import APIS, ApiKey
 from stratalog.gateway.protocol.schema import Message
 
 if TYPE_CHECKING:
+    from stratalog.gateway.auth.session import Session
     from stratalog.gateway.broker import Broker
 
 
@@ -26,6 +27,7 @@ class RequestContext:
     client_id: str | None
     peer: str  # "host:port" of the client
     correlation_id: int = -1
+    session: "Session | None" = None  # the connection's listener and principal
 
     def __str__(self) -> str:
         """The request as logs name it: `Produce v9 (correlation id 12) from 127.0.0.1:50123`."""

@@ -29,8 +29,9 @@ if not (CLIENT_DIR / "node_modules" / "kafkajs").is_dir():
                 allow_module_level=True)
 
 
-def run(bootstrap: str, *steps: dict, timeout: float = 60) -> list:
-    job = json.dumps({"brokers": [bootstrap], "steps": list(steps)})
+def run(bootstrap: str, *steps: dict, timeout: float = 60, security: dict | None = None) -> list:
+    """Run the steps; `security` adds KafkaJS's "ssl" and "sasl" settings to the job."""
+    job = json.dumps({"brokers": [bootstrap], "steps": list(steps), **(security or {})})
     proc = subprocess.run([NODE, str(CLIENT_DIR / "compat.js")], input=job, capture_output=True,
                           text=True, timeout=timeout, cwd=CLIENT_DIR)
     lines = proc.stdout.strip().splitlines()

@@ -1,7 +1,9 @@
 // Drives KafkaJS for tests/compat/test_kafkajs.py: reads one JSON job on stdin, runs its
 // steps in order against the brokers, and prints one JSON answer on stdout.
 //
-// Job:    {"brokers": ["host:port"], "steps": [{"op": ..., ...}, ...]}
+// Job:    {"brokers": ["host:port"], "steps": [{"op": ..., ...}, ...]}, optionally with
+//         "ssl": {"ca": path, "cert": path, "key": path} and
+//         "sasl": {"mechanism": "plain" | "scram-sha-256" | "scram-sha-512", "username", "password"}
 // Answer: {"results": [one per step]} or {"error": "...", "step": n} with exit code 1.
 // Keys, values and header values travel as base64 strings; null stays null.
 'use strict'
@@ -188,9 +190,17 @@ const OPS = {
 async function main() {
   const job = JSON.parse(require('fs').readFileSync(0, 'utf8'))
   const missing = await registerCodecs()
+  const fs = require('fs')
+  const ssl = job.ssl && {
+    ca: [fs.readFileSync(job.ssl.ca, 'utf8')],
+    cert: job.ssl.cert && fs.readFileSync(job.ssl.cert, 'utf8'),
+    key: job.ssl.key && fs.readFileSync(job.ssl.key, 'utf8'),
+  }
   const kafka = new Kafka({
     clientId: 'stratalog-compat',
     brokers: job.brokers,
+    ssl,
+    sasl: job.sasl,
     connectionTimeout: 5000,
     requestTimeout: 15000,
     retry: { retries: 3, initialRetryTime: 100 },
