@@ -123,6 +123,20 @@ class ScramCredential:
     server_key: bytes
 
 
+@dataclass(frozen=True)
+class AclBinding:
+    """One ACL, in Kafka's terms and codes (resource type, pattern type, operation and
+    permission are the protocol's int8 values; see `gateway.auth.acls`)."""
+
+    resource_type: int
+    resource_name: str
+    pattern_type: int
+    principal: str  # "User:alice", "User:*"
+    host: str  # an IP address or "*"
+    operation: int
+    permission: int
+
+
 class ClusterStore(Protocol):
     """What the gateway and tools ask of the coordinator. Every method is a coroutine."""
 

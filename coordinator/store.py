@@ -1,7 +1,7 @@
 """`KVClusterStore`: the cluster model of `coordinator.model` over any `KV` backend.
 
 Keys live under `/stratalog/<cluster>/` as model.py lists them, values are compact JSON
-(UUIDs as strings, names percent-quoted inside keys). Five keys are added to that list:
+(UUIDs as strings, names percent-quoted inside keys). Six keys are added to that list:
 
     keyspace_version                  -> KEYSPACE_VERSION of the layout below (absent: 1)
     partitions/<topic_id>/<p>/epoch   -> leader epoch as a decimal integer
@@ -10,6 +10,7 @@ Keys live under `/stratalog/<cluster>/` as model.py lists them, values are compa
                                          topic, log, segment or WAL keys
     users/<user>/<mechanism>          -> a SCRAM credential (salt, iterations, stored and
                                          server keys, base64): never a password
+    acls/<digest>                     -> one ACL binding (digest: SHA-256 of its fields)
 
 `keyspace_version` versions every key and value here, the idempotent producer snapshot in
 segment entries (gateway.producers) included: a change to any of them bumps
@@ -42,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import hashlib
 import json
 import uuid
 from dataclasses import dataclass, field, replace
@@ -50,10 +52,10 @@ from urllib.parse import quote, unquote
 
 from stratalog.coordinator.kv import (
     KV, CoordinatorError, CoordinatorUnavailable, Delete, DeletePrefix, Op, Put,
-    RequestTooLarge, UnsupportedFormat, absent, exists, mod_is, request_bytes,
+    RequestTooLarge, UnsupportedFormat, Watch, absent, exists, mod_is, request_bytes,
     unsupported_version, value_is)
 from stratalog.coordinator.model import (
-    CommittedOffset, Fenced, LogState, PartitionState, ScramCredential, SegmentEntry, TopicExists,
+    AclBinding, CommittedOffset, Fenced, LogState, PartitionState, ScramCredential, SegmentEntry, TopicExists,
     TopicInfo, UnknownTopic, WalObject, WalRange)
 
 TP = tuple[uuid.UUID, int]
@@ -175,6 +177,22 @@ def _credential(key: str, value: bytes) -> ScramCredential:
                                base64.b64decode(d["stored_key"]), base64.b64decode(d["server_key"]))
     except (*_BAD, binascii.Error) as e:
         raise CoordinatorError(f"corrupt credential at {key}: {e!r}") from None
+
+
+_ACL_FIELDS = ("resource_type", "resource_name", "pattern_type", "principal", "host", "operation", "permission")
+
+
+def _acl_json(b: AclBinding) -> bytes:
+    return _dumps({f: getattr(b, f) for f in _ACL_FIELDS})
+
+
+def _acl(key: str, value: bytes) -> AclBinding:
+    d = _loads(key, value)
+    try:
+        return AclBinding(int(d["resource_type"]), str(d["resource_name"]), int(d["pattern_type"]),
+                          str(d["principal"]), str(d["host"]), int(d["operation"]), int(d["permission"]))
+    except _BAD as e:
+        raise CoordinatorError(f"corrupt ACL at {key}: {e!r}") from None
 
 
 def _int(key: str, value: bytes) -> int:
@@ -474,6 +492,25 @@ class KVClusterStore:
             user = unquote(key[len(self._k("users/")):].split("/", 1)[0])
             out.setdefault(user, []).append(_credential(key, value))
         return out
+
+    # --- ACLs -----------------------------------------------------------------------------
+
+    def _acl_key(self, b: AclBinding) -> str:
+        return self._k("acls/" + hashlib.sha256(_acl_json(b)).hexdigest()[:40])
+
+    async def put_acls(self, bindings: Sequence[AclBinding]) -> None:
+        """Add ACLs (adding one that exists changes nothing), in one transaction per batch."""
+        await self._batched([Put(self._acl_key(b), _acl_json(b)) for b in bindings])
+
+    async def delete_acls(self, bindings: Sequence[AclBinding]) -> None:
+        await self._batched([Delete(self._acl_key(b)) for b in bindings])
+
+    async def acls(self) -> list[AclBinding]:
+        return [_acl(k, v) for k, v, _ in await self.kv.range(self._k("acls/"))]
+
+    async def watch_acls(self) -> Watch:
+        """Changes to the ACLs, from now on (read `acls()` after making the watch)."""
+        return await self.kv.watch_prefix(self._k("acls/"))
 
     # --- topics --------------------------------------------------------------------------
 

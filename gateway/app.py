@@ -117,16 +117,22 @@ class Gateway:
                 parse_host_port(self.options.advertised, "--advertised") if self.options.advertised else None)
         except ConfigError as e:
             raise StartupError(str(e)) from None
-        self.broker = Broker(self.config, node_id=node_id, advertised=endpoints[self.server.listener.name],
-                             data_dir=self.data_dir, store=self._store, objects=objects, rack=self.options.rack,
-                             lease_ttl_s=max(1, round(self.config["broker.session.timeout.ms"] / 1000)),
-                             metrics=self.metrics, endpoints=endpoints)
+        try:
+            self.broker = Broker(self.config, node_id=node_id, advertised=endpoints[self.server.listener.name],
+                                 data_dir=self.data_dir, store=self._store, objects=objects, rack=self.options.rack,
+                                 lease_ttl_s=max(1, round(self.config["broker.session.timeout.ms"] / 1000)),
+                                 metrics=self.metrics, endpoints=endpoints)
+        except ConfigError as e:
+            raise StartupError(str(e)) from None
         for server in self.servers:
             server.broker = self.broker
         self.metrics.attach(self.broker)
         if self.options.http:
             host, port = parse_host_port(self.options.http, "--http")
-            self.http = HttpServer(self, host, port)
+            try:
+                self.http = HttpServer(self, host, port, admin_token_file=self.config["http.admin.token.file"])
+            except ConfigError as e:
+                raise StartupError(str(e)) from None
             try:
                 await self.http.start()
             except OSError as e:

@@ -19,6 +19,8 @@ from stratalog.coordinator.model import ClusterStore, PartitionState, TopicInfo
 from stratalog.engine import Assignment, EngineSettings, LogEngine
 from stratalog.tiering.objectstore.base import ObjectStore, ObjectStoreError
 
+from .auth.acls import Authorizer, parse_super_users
+from .auth.oauth import JwtValidator
 from .cluster import BrokerAddress, Controller, Membership, coordinator_index
 from .config import BrokerConfig
 from .groups import GroupCoordinator
@@ -61,6 +63,11 @@ class Broker:
         self.node_id = node_id
         self.address = BrokerAddress(node_id, advertised[0], advertised[1], rack, endpoints or {})
         self.sasl_mechanisms = tuple(m.strip() for m in config["sasl.enabled.mechanisms"].split(",") if m.strip())
+        mechanisms = self.sasl_mechanisms
+        self.oauth = JwtValidator(config) if "OAUTHBEARER" in mechanisms else None
+        self.authorizer = (Authorizer(store, super_users=parse_super_users(config["super.users"]),
+                                      allow_if_no_acl=config["allow.everyone.if.no.acl.found"])
+                           if config["authorizer.class.name"] else None)
         self.data_dir = data_dir
         self.store = store
         self.objects = objects
@@ -99,6 +106,8 @@ class Broker:
         # restarted gateway answers Metadata for an existing topic with "no leader yet"
         # (retriable) instead of "unknown topic", which clients treat as final.
         await self._starting("load topics", self._load_topics)
+        if self.authorizer is not None:
+            await self._starting("load the ACLs", self.authorizer.start)
         await self._starting("register", self.membership.start)
         await self._starting("start the WAL", self.engine.start)
         await self.groups.start()
@@ -118,6 +127,8 @@ class Broker:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.engine.stop()
         await self.groups.stop()
+        if self.authorizer is not None:
+            await self.authorizer.stop()
         await self.membership.stop()
         await self.objects.close()
 

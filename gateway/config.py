@@ -48,9 +48,17 @@ def _str(v: Any) -> str:
     return str(v).strip()
 
 
+def _authorizer(v: Any) -> str:
+    s = str(v).strip()
+    known = ("org.apache.kafka.metadata.authorizer.StandardAuthorizer", "kafka.security.authorizer.AclAuthorizer")
+    if s and s not in known:
+        raise ValueError(f"{s!r}: use {known[0]} (ACLs on) or leave it empty (off)")
+    return s
+
+
 def _mechanisms(v: Any) -> str:
     names = [m.strip().upper() for m in str(v).split(",") if m.strip()]
-    known = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+    known = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
     if not names or any(m not in known for m in names):
         raise ValueError(f"{v!r}: mechanisms are one or more of {', '.join(known)}")
     return ",".join(names)
@@ -103,6 +111,17 @@ BROKER_SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("advertised.listeners", "", _str, "Where clients reach each listener, NAME://HOST:PORT (empty: --advertised for the first, else the bound address)."),
     _s("listener.security.protocol.map", "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL", _str, "Security protocol of each listener name."),
     _s("sasl.enabled.mechanisms", "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512", _mechanisms, "SASL mechanisms offered on SASL listeners."),
+    _s("authorizer.class.name", "", _authorizer, "Turns ACLs on: org.apache.kafka.metadata.authorizer.StandardAuthorizer (or kafka.security.authorizer.AclAuthorizer); empty: every client may do everything."),
+    _s("super.users", "", _str, "Principals that pass every ACL check, separated by ';' (User:admin;User:ops)."),
+    _s("allow.everyone.if.no.acl.found", False, _bool, "With ACLs on, allow what no ACL names a resource for."),
+    _s("http.admin.token.file", "", _str, "File holding the bearer token the HTTP admin API requires; empty: the admin API answers loopback clients only."),
+    _s("connections.max.reauth.ms", 0, _int, "SASL sessions last at most this long: clients re-authenticate (KIP-368) or are disconnected; 0: no limit (OAUTHBEARER sessions still end with their token).", 0),
+    _s("sasl.oauthbearer.jwks.endpoint.url", "", _str, "JWKS (file:// or https://) whose keys sign OAUTHBEARER tokens; needed when OAUTHBEARER is enabled."),
+    _s("sasl.oauthbearer.jwks.endpoint.refresh.ms", 3_600_000, _int, "How often the JWKS is read again.", 1000),
+    _s("sasl.oauthbearer.expected.issuer", "", _str, "The iss every token must have (empty: not checked)."),
+    _s("sasl.oauthbearer.expected.audience", "", _str, "Audiences, comma-separated, one of which every token's aud must name (empty: not checked)."),
+    _s("sasl.oauthbearer.sub.claim.name", "sub", _str, "The claim that names the principal."),
+    _s("sasl.oauthbearer.clock.skew.seconds", 30, _int, "Clock skew allowed when checking exp and nbf.", 0),
     _s("ssl.keystore.location", "", _str, "PEM file with the private key and certificate chain of TLS listeners."),
     _s("ssl.key.password", "", _str, "Password of the private key in ssl.keystore.location, if it is encrypted.", sensitive=True),
     _s("ssl.truststore.location", "", _str, "PEM bundle of the CAs client certificates must chain to."),

@@ -1,14 +1,22 @@
 """The gateway's HTTP side: `/metrics`, `/healthz`, `/readyz`, and the admin call that
 swaps compacted segments into a partition this gateway leads.
 
+The admin call changes a partition's log, so it is authenticated: with
+`http.admin.token.file` set it needs `Authorization: Bearer <that file's token>`; without
+it, it answers only clients on the loopback interface (the default `--http` binds
+127.0.0.1). Metrics and health stay open, as Prometheus and load balancers expect.
+
 Compaction jobs go through the leader because the leader owns the partition's log
 metadata (and, on the embedded coordinator, is the only process that may open it).
 """
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
 import json
 import logging
+from pathlib import Path
 
 from aiohttp import web
 
@@ -19,10 +27,11 @@ log = logging.getLogger(__name__)
 
 
 class HttpServer:
-    def __init__(self, gateway, host: str, port: int):
+    def __init__(self, gateway, host: str, port: int, *, admin_token_file: str = ""):
         self.gateway = gateway
         self.host = host
         self.port = port
+        self._token = _read_token(admin_token_file) if admin_token_file else None
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
@@ -53,7 +62,27 @@ class HttpServer:
         ready, reason = self.gateway.readiness()
         return web.json_response({"ready": ready, "reason": reason}, status=200 if ready else 503)
 
+    def _refused(self, request: web.Request) -> web.Response | None:
+        """None if the caller may use the admin API, else the answer that says why not."""
+        if self._token is not None:
+            given = request.headers.get("Authorization", "")
+            if hmac.compare_digest(given.encode(), f"Bearer {self._token}".encode()):
+                return None
+            return web.json_response({"error": "a valid Authorization: Bearer token is required"}, status=401,
+                                     headers={"WWW-Authenticate": "Bearer"})
+        peer = request.remote or ""
+        try:
+            if ipaddress.ip_address(peer).is_loopback:
+                return None
+        except ValueError:
+            pass
+        return web.json_response({"error": "the admin API answers only loopback clients unless "
+                                           "http.admin.token.file is set"}, status=403)
+
     async def replace(self, request: web.Request) -> web.Response:
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
         broker = self.gateway.broker
         topic = request.match_info["topic"]
         try:
@@ -73,3 +102,15 @@ class HttpServer:
         except (NotLeader, SwapRefused) as e:
             return web.json_response({"error": str(e)}, status=404 if isinstance(e, NotLeader) else 409)
         return web.json_response({"ok": True})
+
+
+def _read_token(path: str) -> str:
+    from .config import ConfigError
+
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as e:
+        raise ConfigError(f"http.admin.token.file {path}: {e.strerror or e}") from None
+    if len(token) < 16:
+        raise ConfigError(f"http.admin.token.file {path}: the token must be at least 16 characters")
+    return token

@@ -147,6 +147,10 @@ class GatewayServer:
         except DecodeError as e:
             log.warning("%s: closing, malformed request: %s", peer, e)
             return None
+        if session.expired(self.broker.now_ms()) and req.api_key not in BEFORE_AUTHENTICATION:
+            log.info("%s: closing, the credentials of %s expired without re-authentication", peer,
+                     session.principal)
+            return None
         if not session.authenticated and req.api_key not in BEFORE_AUTHENTICATION:
             log.warning("%s: closing, %s before authenticating on %s listener %s", peer, req.api_name,
                         session.listener.protocol, session.listener.name)
@@ -171,7 +175,9 @@ class GatewayServer:
         """After a SaslHandshake v0 the SASL tokens travel framed by a length alone (no
         request header): a failed step cannot be answered, so it closes the connection."""
         try:
-            return await session.step(self.broker.store, token)
+            broker = self.broker
+            return await session.step(broker.store, token, oauth=broker.oauth, now_ms=broker.now_ms(),
+                                      reauth_ms=broker.config["connections.max.reauth.ms"])
         except Exception as e:  # noqa: BLE001 - AuthenticationFailed, IllegalSaslState
             log.warning("%s: SASL/%s authentication failed: %s", peer, session.mechanism, e)
             return None

@@ -365,9 +365,11 @@ def rewrite(spark, plan: Plan) -> list[dict]:
 # ---- 4. swap -------------------------------------------------------------------------
 
 
-def _post(url: str, body: dict, timeout_s: float) -> tuple[int | None, str]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+def _post(url: str, body: dict, timeout_s: float, token: str | None = None) -> tuple[int | None, str]:
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return response.status, response.read().decode(errors="replace")
@@ -384,7 +386,8 @@ def _error_text(body: str) -> str:
         return body.strip()[:200]
 
 
-def swap(plan: Plan, rows: list[dict], admin_url: str, *, timeout_s: float = 30.0) -> list[PartitionResult]:
+def swap(plan: Plan, rows: list[dict], admin_url: str, *, timeout_s: float = 30.0,
+         admin_token: str | None = None) -> list[PartitionResult]:
     """Replace each partition's old segments with its rewrites through the leader gateway."""
     store = plan.spec.open()
     by_group = {r["group_id"]: r for r in rows}
@@ -424,7 +427,7 @@ def swap(plan: Plan, rows: list[dict], admin_url: str, *, timeout_s: float = 30.
             results.append(result)
             continue
         url = f"{admin_url.rstrip('/')}/v1/topics/{plan.topic}/partitions/{p}/segments/replace"
-        status, text = _post(url, body, timeout_s)
+        status, text = _post(url, body, timeout_s, admin_token)
         if status == 200:
             results.append(result)
             continue
@@ -447,7 +450,7 @@ def compact(spark, object_store_url: str, topic: str, admin_url: str, *,
             endpoint: str | None = None, region: str | None = None, path_style: bool | None = None,
             bootstrap: str | None = None, configs: dict | None = None,
             partitions: list[int] | None = None, clock: Callable[[], float] = time.time,
-            timeout_s: float = 30.0) -> Report:
+            timeout_s: float = 30.0, admin_token: str | None = None) -> Report:
     """Compact a ``cleanup.policy=compact`` topic's sealed segments.
 
     Parameters
@@ -458,6 +461,8 @@ def compact(spark, object_store_url: str, topic: str, admin_url: str, *,
     topic : str
     admin_url : str
         The partition leader gateway's HTTP address, e.g. ``http://127.0.0.1:9644``.
+    admin_token : str, optional
+        The bearer token of the gateway's ``http.admin.token.file``, if it has one.
     bootstrap : str, optional
         A gateway's Kafka address to read the topic's configs from (DescribeConfigs).
     configs : dict, optional
@@ -487,7 +492,7 @@ def compact(spark, object_store_url: str, topic: str, admin_url: str, *,
     except BaseException:
         spec.open().delete([k for g in plan.groups for k in g.new_keys()])
         raise
-    results = swap(plan, rows, admin_url, timeout_s=timeout_s)
+    results = swap(plan, rows, admin_url, timeout_s=timeout_s, admin_token=admin_token)
     results += [PartitionResult(p, "skipped", message=why) for p, why in plan.skipped.items()]
     results.sort(key=lambda r: r.partition)
     return Report(topic, results, time.monotonic() - started)

@@ -44,3 +44,46 @@ def test_replace_rejects_bad_requests(gateway):
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=10)
     assert e.value.code == 404
+
+
+def _replace(gateway, headers: dict) -> int:
+    req = urllib.request.Request(gateway.http_url + "/v1/topics/none/partitions/0/segments/replace",
+                                 data=b'{"remove": [0], "add": []}', method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_the_admin_api_needs_the_bearer_token_when_one_is_set(gateway_factory, tmp_path):
+    token = "admin-token-" + uuid.uuid4().hex
+    (tmp_path / "token").write_text(token + "\n")
+    gw = gateway_factory(settings={"http.admin.token.file": str(tmp_path / "token")})
+    assert _replace(gw, {}) == 401
+    assert _replace(gw, {"Authorization": "Bearer wrong-token-of-some-length"}) == 401
+    assert _replace(gw, {"Authorization": f"Bearer {token}"}) == 404  # past authentication: not led here
+    assert _get(gw.http_url + "/metrics")[0] == 200  # metrics and health stay open
+
+
+def test_without_a_token_the_admin_api_answers_loopback_clients_only():
+    from types import SimpleNamespace
+
+    from stratalog.gateway.http import HttpServer
+
+    server = HttpServer(None, "0.0.0.0", 0)
+    assert server._refused(SimpleNamespace(remote="127.0.0.1", headers={})) is None
+    assert server._refused(SimpleNamespace(remote="::1", headers={})) is None
+    assert server._refused(SimpleNamespace(remote="10.1.2.3", headers={})).status == 403
+
+
+def test_a_short_or_missing_token_file_stops_serve(gateway_factory, tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "short").write_text("abc")
+    for path, message in ((tmp_path / "short", "at least 16"), (tmp_path / "absent", "No such file")):
+        out = subprocess.run([sys.executable, "-m", "stratalog.infra.cli", "serve", "--data-dir", str(tmp_path / "d"),
+                              "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
+                              "--set", f"http.admin.token.file={path}"], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1 and message in out.stderr, out.stderr

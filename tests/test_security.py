@@ -11,6 +11,7 @@ connection while the gateway keeps serving.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import socket
@@ -40,6 +41,7 @@ import tls_material  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 USER, PASSWORD = "alice", "alice-secret-1"
 SASL_MECHANISMS = ["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"]
+ISSUER, AUDIENCE = "https://issuer.test", "stratalog"
 KAFKAJS = ROOT / "tests" / "clients" / "kafkajs"
 SASL_AUTHENTICATION_FAILED, ILLEGAL_SASL_STATE, UNSUPPORTED_SASL_MECHANISM = 58, 34, 33
 
@@ -60,7 +62,11 @@ class SecureGateway:
         self.ports = {name: free_port() for name in ("SASL_SSL", "SSL", "SASL_PLAINTEXT")}
         self.ports["PLAINTEXT"] = self.gw.port
         listeners = ",".join(f"{name}://127.0.0.1:{port}" for name, port in self.ports.items())
+        self.oauth_key, jwks = _signing_key(tmp / "jwks.json")
         self.gw.settings.update({
+            "sasl.enabled.mechanisms": ",".join([*SASL_MECHANISMS, "OAUTHBEARER"]),
+            "sasl.oauthbearer.jwks.endpoint.url": jwks.as_uri(),
+            "sasl.oauthbearer.expected.issuer": ISSUER, "sasl.oauthbearer.expected.audience": AUDIENCE,
             "listeners": listeners, "ssl.keystore.location": str(self.certs.server),
             "ssl.truststore.location": str(self.certs.ca), "ssl.client.auth": client_auth,
             "ssl.principal.mapping.rules": "RULE:^CN=([^,]+),.*$/$1/L,DEFAULT"})
@@ -296,7 +302,7 @@ def test_an_unknown_mechanism_is_refused_with_the_enabled_ones(secure):
     with Raw(secure, "SASL_SSL") as raw:
         body = raw.call(17, 1, {"mechanism": "GSSAPI"})
         assert body.error_code == UNSUPPORTED_SASL_MECHANISM
-        assert sorted(body.mechanisms) == sorted(SASL_MECHANISMS)
+        assert sorted(body.mechanisms) == sorted([*SASL_MECHANISMS, "OAUTHBEARER"])
 
 
 @pytest.mark.parametrize("listener", ["SASL_SSL", "SASL_PLAINTEXT"])
@@ -435,6 +441,118 @@ def test_a_bad_listener_setting_stops_serve_with_one_line(tmp_path):
         out = subprocess.run([sys.executable, "-m", "stratalog.infra.cli", "serve", "--data-dir", str(tmp_path / "d"),
                               "--http", "off", "--set", setting], capture_output=True, text=True, timeout=60)
         assert out.returncode != 0 and message in out.stderr, (setting, out.stderr)
+
+
+# --- OAUTHBEARER and re-authentication --------------------------------------------------
+
+def _signing_key(jwks_path: Path):
+    import jwt
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    public = jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key(), as_dict=True)
+    jwks_path.write_text(json.dumps({"keys": [{**public, "kid": "test-key", "use": "sig", "alg": "RS256"}]}))
+    return key, jwks_path
+
+
+def token(gw: SecureGateway, sub: str = USER, lifetime_s: float = 300, **claims) -> str:
+    import jwt
+
+    now = time.time()
+    body = {"sub": sub, "iss": ISSUER, "aud": AUDIENCE, "iat": int(now), "exp": now + lifetime_s, **claims}
+    return jwt.encode(body, gw.oauth_key, algorithm="RS256", headers={"kid": "test-key"})
+
+
+def oauth_message(tok: str) -> bytes:
+    return f"n,,\x01auth=Bearer {tok}\x01\x01".encode()
+
+
+def test_confluent_kafka_with_oauthbearer(secure):
+    topic = new_topic(secure)
+
+    def refresh(_config):
+        return token(secure), time.time() + 300, USER
+
+    conf = {"bootstrap.servers": secure.address("SASL_SSL"), "security.protocol": "SASL_SSL",
+            "ssl.ca.location": str(secure.certs.ca), "sasl.mechanism": "OAUTHBEARER", "oauth_cb": refresh}
+    assert _confluent_round_trip(conf, topic) == VALUES
+
+
+def test_bad_tokens_are_refused(secure):
+    import jwt
+
+    good = token(secure)
+    header, payload, _ = good.split(".")
+    unsigned = jwt.encode({"sub": USER, "iss": ISSUER, "aud": AUDIENCE, "exp": time.time() + 300}, None,
+                          algorithm="none")
+    other_key, _ = _signing_key(secure.data_dir.parent / "other-jwks.json")
+    foreign = jwt.encode({"sub": USER, "iss": ISSUER, "aud": AUDIENCE, "exp": time.time() + 300}, other_key,
+                         algorithm="RS256", headers={"kid": "test-key"})
+    for bad in (token(secure, lifetime_s=-120),  # expired beyond the 30 s skew
+                token(secure, iss="https://elsewhere"), token(secure, aud="another-service"),
+                unsigned, foreign, f"{header}.{payload}.AAAA", "not-a-jwt",
+                token(secure, sub="")):
+        with Raw(secure, "SASL_SSL") as raw:
+            assert raw.handshake("OAUTHBEARER") == 0
+            code, _ = raw.authenticate(oauth_message(bad))
+            assert code == SASL_AUTHENTICATION_FAILED, bad
+            assert raw.closed()
+    with Raw(secure, "SASL_SSL") as raw:
+        assert raw.handshake("OAUTHBEARER") == 0
+        assert raw.authenticate(oauth_message(good))[0] == 0
+
+
+def _metadata(raw: Raw) -> None:
+    raw.send(3, 12, {"topics": None, "allow_auto_topic_creation": False,
+                     "include_topic_authorized_operations": False})
+
+
+def test_a_session_ends_with_its_token_unless_the_client_re_authenticates(secure):
+    with Raw(secure, "SASL_SSL") as raw:
+        assert raw.handshake("OAUTHBEARER") == 0
+        body = raw.call(36, 2, {"auth_bytes": oauth_message(token(secure, lifetime_s=2))})
+        assert body.error_code == 0 and 0 < body.session_lifetime_ms <= 2000
+        # Re-authentication on the same connection (KIP-368) extends it...
+        assert raw.handshake("OAUTHBEARER") == 0
+        body = raw.call(36, 2, {"auth_bytes": oauth_message(token(secure, lifetime_s=300))})
+        assert body.error_code == 0 and body.session_lifetime_ms > 200_000
+        time.sleep(2.5)
+        assert raw.call(18, 3, {"client_software_name": "t", "client_software_version": "1"}).error_code == 0
+        _metadata(raw)
+        assert not raw.closed(timeout=0.5)
+    with Raw(secure, "SASL_SSL") as raw:
+        assert raw.handshake("OAUTHBEARER") == 0
+        assert raw.authenticate(oauth_message(token(secure, lifetime_s=1.5)))[0] == 0
+        time.sleep(2)
+        _metadata(raw)  # ...and without it the connection is closed once the token expired
+        assert raw.closed()
+    with Raw(secure, "SASL_SSL") as raw:  # a re-authentication may not change the principal
+        assert raw.handshake("OAUTHBEARER") == 0
+        assert raw.authenticate(oauth_message(token(secure)))[0] == 0
+        assert raw.handshake("OAUTHBEARER") == 0
+        assert raw.authenticate(oauth_message(token(secure, sub="mallory")))[0] == SASL_AUTHENTICATION_FAILED
+        assert raw.closed()
+
+
+def test_librdkafka_re_authenticates_before_its_token_expires(secure):
+    topic = new_topic(secure)
+    issued = []
+
+    def refresh(_config):
+        issued.append(time.time())
+        return token(secure, lifetime_s=3), time.time() + 3, USER
+
+    conf = {"bootstrap.servers": secure.address("SASL_SSL"), "security.protocol": "SASL_SSL",
+            "ssl.ca.location": str(secure.certs.ca), "sasl.mechanism": "OAUTHBEARER", "oauth_cb": refresh}
+    p = Producer({**conf, "acks": "all"})
+    errors, delivered = [], []
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline:
+        p.produce(topic, value=b"x", on_delivery=lambda e, m: errors.append(e) if e else delivered.append(1))
+        p.poll(0.2)
+    assert p.flush(20) == 0
+    assert not errors and len(delivered) > 20
+    assert len(issued) >= 2  # the token was refreshed and the connection re-authenticated
 
 
 # --- helpers ---------------------------------------------------------------------------

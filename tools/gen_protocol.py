@@ -26,7 +26,8 @@ API_NAMES = [
     "DeleteTopics", "DeleteRecords", "InitProducerId", "OffsetForLeaderEpoch",
     "DescribeConfigs", "AlterConfigs", "SaslAuthenticate", "CreatePartitions",
     "DeleteGroups", "IncrementalAlterConfigs", "OffsetDelete", "DescribeCluster",
-    "DescribeProducers",
+    "DescribeProducers", "DescribeAcls", "CreateAcls", "DeleteAcls",
+    "DescribeUserScramCredentials", "AlterUserScramCredentials",
 ]
 HEADERS = ["RequestHeader", "ResponseHeader"]
 DATA = ["ConsumerProtocolSubscription", "ConsumerProtocolAssignment"]

@@ -53,7 +53,13 @@ def make_credential(password: str, mechanism: str, iterations: int = DEFAULT_ITE
     if not password:
         raise ValueError("the password is empty")
     salt = salt if salt is not None else os.urandom(32)
-    salted = _salted(mech, password, salt, iterations)
+    return credential_from_salted(mechanism, salt, iterations, _salted(mech, password, salt, iterations))
+
+
+def credential_from_salted(mechanism: str, salt: bytes, iterations: int, salted: bytes) -> ScramCredential:
+    """The credential of a salted password (AlterUserScramCredentials sends that, never
+    the password itself)."""
+    mech = MECHANISMS[mechanism]
     client_key = _hmac(mech, salted, b"Client Key")
     return ScramCredential(mechanism, salt, iterations, hashlib.new(mech.hash, client_key).digest(),
                            _hmac(mech, salted, b"Server Key"))

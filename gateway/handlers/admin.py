@@ -3,10 +3,12 @@ AlterConfigs, IncrementalAlterConfigs and DeleteRecords."""
 
 from __future__ import annotations
 
+from stratalog.gateway.auth.acls import CLUSTER_NAME, Operation, ResourceType, refusal
 from stratalog.gateway.config import BROKER_SETTINGS, TOPIC_CONFIGS
 from stratalog.gateway.errors import KafkaError, error_code, error_message
 from stratalog.gateway.protocol.error_codes import ErrorCode
 
+from .metadata import may_create
 from .registry import ApiKey, RequestContext, handles
 
 TOPIC, BROKER = 2, 4
@@ -40,6 +42,8 @@ async def create_topics(ctx: RequestContext, req):
     for t in req.topics:
         row = {"name": t.name, "error_code": 0, "error_message": None}
         try:
+            if not may_create(ctx, t.name):
+                raise refusal(Operation.CREATE, ResourceType.TOPIC, t.name)
             if t.assignments:
                 raise KafkaError(ErrorCode.INVALID_REQUEST, "manual replica assignments are not supported")
             configs = {c.name: c.value for c in t.configs}
@@ -80,6 +84,7 @@ async def delete_topics(ctx: RequestContext, req):
                 if info is None:
                     raise KafkaError(ErrorCode.UNKNOWN_TOPIC_ID)
                 name = row["name"] = info.name
+            ctx.require(Operation.DELETE, ResourceType.TOPIC, name)
             info = broker.topics.get(name)
             if info is not None:
                 row["topic_id"] = info.topic_id
@@ -96,6 +101,7 @@ async def create_partitions(ctx: RequestContext, req):
     for t in req.topics:
         row = {"name": t.name, "error_code": 0, "error_message": None}
         try:
+            ctx.require(Operation.ALTER, ResourceType.TOPIC, t.name)
             if t.assignments:
                 raise KafkaError(ErrorCode.INVALID_REQUEST, "manual replica assignments are not supported")
             await ctx.broker.admin.add_partitions(t.name, t.count, validate_only=req.validate_only)
@@ -146,8 +152,10 @@ async def describe_configs(ctx: RequestContext, req):
         keys = set(r.configuration_keys) if r.configuration_keys is not None else None
         try:
             if r.resource_type == TOPIC:
+                ctx.require(Operation.DESCRIBE_CONFIGS, ResourceType.TOPIC, r.resource_name)
                 row["configs"] = _describe_topic(broker, r.resource_name, keys)
             elif r.resource_type == BROKER:
+                ctx.require(Operation.DESCRIBE_CONFIGS, ResourceType.CLUSTER, CLUSTER_NAME)
                 if r.resource_name not in ("", str(broker.node_id)):
                     raise KafkaError(ErrorCode.INVALID_REQUEST, f"no broker {r.resource_name!r} here")
                 row["configs"] = _describe_broker(broker, keys)
@@ -159,10 +167,15 @@ async def describe_configs(ctx: RequestContext, req):
     return {"throttle_time_ms": 0, "results": out}
 
 
-async def _alter(broker, r, build, validate_only: bool) -> dict:
+async def _alter(ctx: RequestContext, r, build, validate_only: bool) -> dict:
+    broker = ctx.broker
     row = {"error_code": 0, "error_message": None, "resource_type": r.resource_type,
            "resource_name": r.resource_name}
     try:
+        if r.resource_type == BROKER:
+            ctx.require(Operation.ALTER_CONFIGS, ResourceType.CLUSTER, CLUSTER_NAME)
+        elif r.resource_type == TOPIC:
+            ctx.require(Operation.ALTER_CONFIGS, ResourceType.TOPIC, r.resource_name)
         if r.resource_type != TOPIC:
             raise KafkaError(ErrorCode.INVALID_REQUEST,
                              "only topic configs can be altered; broker settings are static")
@@ -205,13 +218,13 @@ def _incremental(current: dict, changes) -> dict:
 
 @handles(ApiKey.ALTER_CONFIGS, 0, 2)
 async def alter_configs(ctx: RequestContext, req):
-    rows = [await _alter(ctx.broker, r, _replace, req.validate_only) for r in req.resources]
+    rows = [await _alter(ctx, r, _replace, req.validate_only) for r in req.resources]
     return {"throttle_time_ms": 0, "responses": rows}
 
 
 @handles(ApiKey.INCREMENTAL_ALTER_CONFIGS, 0, 1)
 async def incremental_alter_configs(ctx: RequestContext, req):
-    rows = [await _alter(ctx.broker, r, _incremental, req.validate_only) for r in req.resources]
+    rows = [await _alter(ctx, r, _incremental, req.validate_only) for r in req.resources]
     return {"throttle_time_ms": 0, "responses": rows}
 
 
@@ -223,6 +236,7 @@ async def delete_records(ctx: RequestContext, req):
         for p in t.partitions:
             row = {"partition_index": p.partition_index, "low_watermark": -1, "error_code": 0}
             try:
+                ctx.require(Operation.DELETE, ResourceType.TOPIC, t.name)
                 row["low_watermark"] = await ctx.broker.engine.delete_records(t.name, p.partition_index, p.offset)
             except Exception as e:  # noqa: BLE001
                 row["error_code"] = error_code(e)

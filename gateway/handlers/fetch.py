@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 from stratalog.engine.errors import EngineError
+from stratalog.gateway.auth.acls import Operation, ResourceType
 from stratalog.gateway.errors import error_code
 from stratalog.gateway.protocol.error_codes import ErrorCode
 from .registry import ApiKey, Deferred, RequestContext, handles
@@ -23,7 +24,7 @@ def _resolve_topic(broker, t, version: int):
     return t.topic, (info.topic_id if info else None)
 
 
-async def _read_all(broker, req, version: int) -> tuple[list, int]:
+async def _read_all(broker, req, version: int, readable) -> tuple[list, int]:
     remaining = req.max_bytes if version >= 3 else 0x7FFFFFFF
     total = 0
     responses = []
@@ -38,6 +39,9 @@ async def _read_all(broker, req, version: int) -> tuple[list, int]:
             if name is None:
                 entry["error_code"] = (ErrorCode.UNKNOWN_TOPIC_ID if version >= 13
                                        else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+                continue
+            if not readable(name):
+                entry["error_code"] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
                 continue
             try:
                 # A follower serves consumers that the leader sent to it (KIP-392).
@@ -82,24 +86,27 @@ async def _read_all(broker, req, version: int) -> tuple[list, int]:
 async def fetch(ctx: RequestContext, req):
     broker = ctx.broker
     version = ctx.version
-    responses, total = await _read_all(broker, req, version)
+    def readable(topic: str) -> bool:
+        return ctx.allowed(Operation.READ, ResourceType.TOPIC, topic)
+
+    responses, total = await _read_all(broker, req, version, readable)
     if total >= max(req.min_bytes, 1) or req.max_wait_ms <= 0 or _has_errors(responses):
         return _body(responses)
-    return Deferred(_long_poll(broker, req, version, responses, total))
+    return Deferred(_long_poll(broker, req, version, responses, total, readable))
 
 
 def _has_errors(responses) -> bool:
     return any(p["error_code"] for t in responses for p in t["partitions"])
 
 
-async def _long_poll(broker, req, version, responses, total):
+async def _long_poll(broker, req, version, responses, total, readable):
     deadline = time.monotonic() + req.max_wait_ms / 1000
     while total < max(req.min_bytes, 1):
         left = deadline - time.monotonic()
         if left <= 0:
             break
         await broker.engine.wait_for_data(left)
-        responses, total = await _read_all(broker, req, version)
+        responses, total = await _read_all(broker, req, version, readable)
         if _has_errors(responses):
             break
     return _body(responses)

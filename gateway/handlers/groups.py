@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from stratalog.gateway.auth.acls import CLUSTER_NAME, Operation, ResourceType
 from stratalog.gateway.groups import JoinResult
 from stratalog.gateway.handlers.registry import ApiKey, RequestContext, handles
 from stratalog.gateway.protocol.error_codes import ErrorCode as E
@@ -29,6 +30,11 @@ def not_coordinator(ctx: RequestContext, group_id: str | None) -> bool:
     return bool(group_id) and not ctx.broker.is_coordinator_for(group_id)
 
 
+def may_use(ctx: RequestContext, group_id: str | None) -> bool:
+    """READ on the group: what joining, syncing, heartbeats, leaving and commits need."""
+    return ctx.allowed(Operation.READ, ResourceType.GROUP, group_id or "")
+
+
 def client_host(ctx: RequestContext) -> str:
     """The client's address as Kafka reports it ("/127.0.0.1")."""
     host = ctx.peer.rsplit(":", 1)[0] if ctx.peer else ""
@@ -40,6 +46,10 @@ def client_host(ctx: RequestContext) -> str:
 def _locate(ctx: RequestContext, key: str, key_type: int) -> dict[str, Any]:
     if key_type not in (GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE):
         return _no_coordinator(key, E.INVALID_REQUEST, f"unknown coordinator key type {key_type}")
+    rtype = ResourceType.GROUP if key_type == GROUP_KEY_TYPE else ResourceType.TRANSACTIONAL_ID
+    if not ctx.allowed(Operation.DESCRIBE, rtype, key):
+        code = E.GROUP_AUTHORIZATION_FAILED if key_type == GROUP_KEY_TYPE else E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        return _no_coordinator(key, code, f"DESCRIBE on {rtype.name.lower()} {key!r} is not allowed")
     # Groups and transactions are coordinated by the same gateway for a key.
     where = ctx.broker.coordinator_for(key, ctx.session.listener.name if ctx.session else None)
     if where is None:
@@ -69,7 +79,9 @@ async def find_coordinator(ctx: RequestContext, req: Message) -> dict[str, Any]:
 @handles(ApiKey.JOIN_GROUP, 0, 9)
 async def join_group(ctx: RequestContext, req: Message) -> dict[str, Any]:
     v = ctx.version
-    if not_coordinator(ctx, req.group_id):
+    if not may_use(ctx, req.group_id):
+        result = JoinResult(E.GROUP_AUTHORIZATION_FAILED, req.member_id)
+    elif not_coordinator(ctx, req.group_id):
         result = JoinResult(E.NOT_COORDINATOR, req.member_id)
     else:
         result = await ctx.broker.groups.join_group(
@@ -102,6 +114,8 @@ async def join_group(ctx: RequestContext, req: Message) -> dict[str, Any]:
 
 @handles(ApiKey.SYNC_GROUP, 0, 5)
 async def sync_group(ctx: RequestContext, req: Message) -> dict[str, Any]:
+    if not may_use(ctx, req.group_id):
+        return {"error_code": E.GROUP_AUTHORIZATION_FAILED}
     if not_coordinator(ctx, req.group_id):
         return {"error_code": E.NOT_COORDINATOR}
     if ctx.version >= 5 and (req.protocol_type is None or req.protocol_name is None):
@@ -119,6 +133,8 @@ async def sync_group(ctx: RequestContext, req: Message) -> dict[str, Any]:
 
 @handles(ApiKey.HEARTBEAT, 0, 4)
 async def heartbeat(ctx: RequestContext, req: Message) -> dict[str, Any]:
+    if not may_use(ctx, req.group_id):
+        return {"error_code": E.GROUP_AUTHORIZATION_FAILED}
     if not_coordinator(ctx, req.group_id):
         return {"error_code": E.NOT_COORDINATOR}
     error = ctx.broker.groups.heartbeat(req.group_id, req.generation_id, req.member_id,
@@ -136,7 +152,9 @@ async def leave_group(ctx: RequestContext, req: Message) -> dict[str, Any]:
     else:
         leaving = [(m.member_id, m.group_instance_id) for m in req.members or []]
         reason = next((m.reason for m in req.members or [] if m.reason), None)
-    if not_coordinator(ctx, req.group_id):
+    if not may_use(ctx, req.group_id):
+        error, errors = E.GROUP_AUTHORIZATION_FAILED, []
+    elif not_coordinator(ctx, req.group_id):
         error, errors = E.NOT_COORDINATOR, []
     else:
         error, errors = ctx.broker.groups.leave_group(req.group_id, leaving, reason)
@@ -156,6 +174,8 @@ async def list_groups(ctx: RequestContext, req: Message) -> dict[str, Any]:
         states=req.states_filter if ctx.version >= 4 else None,
         types=req.types_filter if ctx.version >= 5 else None,
         owned=ctx.broker.is_coordinator_for)
+    if not ctx.allowed(Operation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME):
+        listings = [g for g in listings if ctx.allowed(Operation.DESCRIBE, ResourceType.GROUP, g.group_id)]
     return {"error_code": error,
             "groups": [{"group_id": g.group_id, "protocol_type": g.protocol_type,
                         "group_state": g.state, "group_type": g.group_type} for g in listings]}
@@ -169,9 +189,10 @@ async def describe_groups(ctx: RequestContext, req: Message) -> dict[str, Any]:
         else OPERATIONS_NOT_REQUESTED
     out = []
     for group_id in req.groups or []:
-        if not_coordinator(ctx, group_id):
-            out.append({"error_code": E.NOT_COORDINATOR, "group_id": group_id,
-                        "authorized_operations": operations})
+        refused = not ctx.allowed(Operation.DESCRIBE, ResourceType.GROUP, group_id)
+        if refused or not_coordinator(ctx, group_id):
+            out.append({"error_code": E.GROUP_AUTHORIZATION_FAILED if refused else E.NOT_COORDINATOR,
+                        "group_id": group_id, "authorized_operations": operations})
             continue
         d = await ctx.broker.groups.describe_group(group_id)
         out.append({
@@ -192,7 +213,9 @@ async def describe_groups(ctx: RequestContext, req: Message) -> dict[str, Any]:
 async def delete_groups(ctx: RequestContext, req: Message) -> dict[str, Any]:
     results = []
     for group_id in req.groups_names or []:
-        if not_coordinator(ctx, group_id):
+        if not ctx.allowed(Operation.DELETE, ResourceType.GROUP, group_id):
+            error = E.GROUP_AUTHORIZATION_FAILED
+        elif not_coordinator(ctx, group_id):
             error = E.NOT_COORDINATOR
         else:
             error = await ctx.broker.groups.delete_group(group_id)

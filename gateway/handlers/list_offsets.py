@@ -4,15 +4,20 @@ from __future__ import annotations
 
 from stratalog.engine.engine import EARLIEST, LATEST, MAX_TIMESTAMP
 from stratalog.engine.errors import EngineError, NotLeader, UnknownTopicOrPartition
+from stratalog.gateway.auth.acls import Operation, ResourceType
 from stratalog.gateway.errors import error_code
 from stratalog.gateway.protocol.error_codes import ErrorCode
 
 from .registry import ApiKey, RequestContext, handles
 
 
-async def _one(broker, topic: str, p, version: int) -> dict:
+async def _one(ctx: RequestContext, topic: str, p, version: int) -> dict:
+    broker = ctx.broker
     out = {"partition_index": p.partition_index, "error_code": 0, "timestamp": -1, "offset": -1,
            "leader_epoch": -1}
+    if not ctx.allowed(Operation.DESCRIBE, ResourceType.TOPIC, topic):
+        out["error_code"] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        return out
     try:
         plog = broker.engine.leader(topic, p.partition_index, p.current_leader_epoch if version >= 4 else -1)
     except EngineError as e:
@@ -36,7 +41,7 @@ async def _one(broker, topic: str, p, version: int) -> dict:
 async def list_offsets(ctx: RequestContext, req):
     topics = []
     for t in req.topics:
-        parts = [await _one(ctx.broker, t.name, p, ctx.version) for p in t.partitions]
+        parts = [await _one(ctx, t.name, p, ctx.version) for p in t.partitions]
         topics.append({"name": t.name, "partitions": parts})
     return {"throttle_time_ms": 0, "topics": topics}
 
@@ -49,6 +54,10 @@ async def offset_for_leader_epoch(ctx: RequestContext, req):
         parts = []
         for p in t.partitions:
             out = {"partition": p.partition, "error_code": 0, "leader_epoch": -1, "end_offset": -1}
+            if not ctx.allowed(Operation.DESCRIBE, ResourceType.TOPIC, t.topic):
+                out["error_code"] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                parts.append(out)
+                continue
             try:
                 plog = broker.engine.leader(t.topic, p.partition, p.current_leader_epoch if ctx.version >= 2 else -1)
             except EngineError as e:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from stratalog.gateway.auth.acls import CLUSTER_NAME, Operation, ResourceType
 from stratalog.gateway.errors import KafkaError
 from stratalog.gateway.protocol.error_codes import ErrorCode
 
@@ -42,13 +43,20 @@ async def describe_topic(broker, name: str, info, error: int = 0) -> dict:
             "is_internal": False, "partitions": partitions}
 
 
+def may_create(ctx: RequestContext, topic: str) -> bool:
+    """CREATE on the cluster or on the topic, as Kafka checks CreateTopics and auto-creation."""
+    return (ctx.allowed(Operation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME)
+            or ctx.allowed(Operation.CREATE, ResourceType.TOPIC, topic))
+
+
 @handles(ApiKey.METADATA, 0, 12)
 async def metadata(ctx: RequestContext, req):
     broker = ctx.broker
     topics = []
     if req.topics is None or (ctx.version == 0 and not req.topics):
         for name in sorted(broker.topics):
-            topics.append(await describe_topic(broker, name, broker.topics[name]))
+            if ctx.allowed(Operation.DESCRIBE, ResourceType.TOPIC, name):  # only what it may see
+                topics.append(await describe_topic(broker, name, broker.topics[name]))
     else:
         auto = req.allow_auto_topic_creation if ctx.version >= 4 else True
         for t in req.topics:
@@ -62,9 +70,13 @@ async def metadata(ctx: RequestContext, req):
                                    "topic_id": t.topic_id, "partitions": []})
                     continue
                 name = info.name
+            if not ctx.allowed(Operation.DESCRIBE, ResourceType.TOPIC, name):
+                topics.append({"error_code": ErrorCode.TOPIC_AUTHORIZATION_FAILED, "name": name,
+                               "topic_id": None, "is_internal": False, "partitions": []})
+                continue
             info = broker.topics.get(name)
             error = 0
-            if info is None and auto:
+            if info is None and auto and may_create(ctx, name):
                 try:
                     info = await broker.admin.ensure_topic(name)
                 except KafkaError as e:
@@ -80,6 +92,11 @@ async def metadata(ctx: RequestContext, req):
 @handles(ApiKey.DESCRIBE_CLUSTER, 0, 1)
 async def describe_cluster(ctx: RequestContext, req):
     broker = ctx.broker
+    if not ctx.allowed(Operation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME):
+        return {"throttle_time_ms": 0, "error_code": ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                "error_message": "DESCRIBE on the cluster is not allowed", "endpoint_type": 1,
+                "cluster_id": broker.cluster_id, "controller_id": -1, "brokers": [],
+                "cluster_authorized_operations": CLUSTER_ACTIONS_OMITTED}
     return {"throttle_time_ms": 0, "error_code": 0, "endpoint_type": 1,
             "cluster_id": broker.cluster_id, "controller_id": broker.controller_id(),
             "brokers": _brokers(ctx, "broker_id"),

@@ -12,7 +12,8 @@ from typing import Any
 
 from stratalog.coordinator.model import CommittedOffset
 from stratalog.gateway.groups import OffsetEntry
-from stratalog.gateway.handlers.groups import not_coordinator
+from stratalog.gateway.auth.acls import Operation, ResourceType
+from stratalog.gateway.handlers.groups import may_use, not_coordinator
 from stratalog.gateway.handlers.registry import ApiKey, RequestContext, handles
 from stratalog.gateway.protocol.error_codes import ErrorCode as E
 from stratalog.gateway.protocol.schema import Message
@@ -30,12 +31,18 @@ def _known(ctx: RequestContext, topic: str, partition: int) -> bool:
 @handles(ApiKey.OFFSET_COMMIT, 2, 9)
 async def offset_commit(ctx: RequestContext, req: Message) -> dict[str, Any]:
     mine = not not_coordinator(ctx, req.group_id)
+    group_ok = may_use(ctx, req.group_id)
     errors: dict[tuple[str, int], E] = {}
     entries: dict[tuple[str, int], OffsetEntry] = {}
     for topic in req.topics or []:
+        topic_ok = ctx.allowed(Operation.READ, ResourceType.TOPIC, topic.name)
         for p in topic.partitions or []:
             tp = (topic.name, p.partition_index)
-            if not _known(ctx, *tp):
+            if not group_ok:
+                errors[tp] = E.GROUP_AUTHORIZATION_FAILED
+            elif not topic_ok:
+                errors[tp] = E.TOPIC_AUTHORIZATION_FAILED
+            elif not _known(ctx, *tp):
                 errors[tp] = E.UNKNOWN_TOPIC_OR_PARTITION
             elif not mine:
                 errors[tp] = E.NOT_COORDINATOR
@@ -66,7 +73,10 @@ def _partition(index: int, offset: CommittedOffset, error: E = E.NONE) -> dict[s
 
 async def _fetch_group(ctx: RequestContext, group_id: str, topics: list | None,
                        require_stable: bool) -> tuple[E, list[dict[str, Any]]]:
-    """One group's offsets: (group error, topics). `topics` None asks for all of them."""
+    """One group's offsets: (group error, topics). `topics` None asks for all of them (of
+    the topics the principal may describe)."""
+    if not ctx.allowed(Operation.DESCRIBE, ResourceType.GROUP, group_id):
+        return E.GROUP_AUTHORIZATION_FAILED, []
     if not_coordinator(ctx, group_id):
         return E.NOT_COORDINATOR, []
     wanted = None if topics is None else \
@@ -78,11 +88,14 @@ async def _fetch_group(ctx: RequestContext, group_id: str, topics: list | None,
     if topics is None:
         by_topic: dict[str, list[dict[str, Any]]] = {}
         for (name, index), offset in sorted(found.items()):
-            by_topic.setdefault(name, []).append(_partition(index, offset))
+            if ctx.allowed(Operation.DESCRIBE, ResourceType.TOPIC, name):
+                by_topic.setdefault(name, []).append(_partition(index, offset))
         return E.NONE, [{"name": n, "partitions": ps} for n, ps in by_topic.items()]
     return E.NONE, [
         {"name": t.name,
          "partitions": [_partition(p, found.get((t.name, p), NO_OFFSET))
+                        if ctx.allowed(Operation.DESCRIBE, ResourceType.TOPIC, t.name)
+                        else _partition(p, NO_OFFSET, E.TOPIC_AUTHORIZATION_FAILED)
                         for p in t.partition_indexes or []]}
         for t in topics]
 
@@ -111,6 +124,8 @@ async def offset_fetch(ctx: RequestContext, req: Message) -> dict[str, Any]:
 
 @handles(ApiKey.OFFSET_DELETE, 0, 0)
 async def offset_delete(ctx: RequestContext, req: Message) -> dict[str, Any]:
+    if not ctx.allowed(Operation.DELETE, ResourceType.GROUP, req.group_id):
+        return {"error_code": E.GROUP_AUTHORIZATION_FAILED}
     if not_coordinator(ctx, req.group_id):
         return {"error_code": E.NOT_COORDINATOR}
     errors: dict[tuple[str, int], E] = {}
@@ -118,7 +133,9 @@ async def offset_delete(ctx: RequestContext, req: Message) -> dict[str, Any]:
     for topic in req.topics or []:
         for p in topic.partitions or []:
             tp = (topic.name, p.partition_index)
-            if _known(ctx, *tp):
+            if not ctx.allowed(Operation.READ, ResourceType.TOPIC, topic.name):
+                errors[tp] = E.TOPIC_AUTHORIZATION_FAILED
+            elif _known(ctx, *tp):
                 wanted.append(tp)
             else:
                 errors[tp] = E.UNKNOWN_TOPIC_OR_PARTITION

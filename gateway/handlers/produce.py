@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
+from stratalog.gateway.auth.acls import Operation, ResourceType
 from stratalog.gateway.errors import error_code, error_message
 from stratalog.gateway.protocol.error_codes import ErrorCode
 
@@ -44,6 +45,10 @@ async def produce(ctx: RequestContext, req):
         for pd in t.partition_data:
             if req.acks not in (-1, 0, 1):
                 resp = {"index": pd.index, "error_code": ErrorCode.INVALID_REQUIRED_ACKS,
+                        "base_offset": -1}
+                wait = None
+            elif not ctx.allowed(Operation.WRITE, ResourceType.TOPIC, t.name):
+                resp = {"index": pd.index, "error_code": ErrorCode.TOPIC_AUTHORIZATION_FAILED,
                         "base_offset": -1}
                 wait = None
             elif req.transactional_id is not None:

@@ -15,6 +15,7 @@ from stratalog.gateway.protocol.catalog import APIS, ApiKey
 from stratalog.gateway.protocol.schema import Message
 
 if TYPE_CHECKING:
+    from stratalog.gateway.auth.acls import Operation, ResourceType
     from stratalog.gateway.auth.session import Session
     from stratalog.gateway.broker import Broker
 
@@ -28,6 +29,27 @@ class RequestContext:
     peer: str  # "host:port" of the client
     correlation_id: int = -1
     session: "Session | None" = None  # the connection's listener and principal
+
+    def allowed(self, operation: "Operation", resource_type: "ResourceType", name: str) -> bool:
+        """Whether this connection's principal may do `operation` on the resource (always,
+        when ACLs are off)."""
+        if self.session is None or self.broker.authorizer is None:
+            return True
+        host = self.peer.rsplit(":", 1)[0].strip("[]")
+        return self.broker.authorizer.allowed(self.session.principal, host, operation, resource_type, name)
+
+    def allowed_any(self, operation: "Operation", resource_type: "ResourceType") -> bool:
+        """Whether some resource of the type allows the operation (always, ACLs off)."""
+        if self.session is None or self.broker.authorizer is None:
+            return True
+        host = self.peer.rsplit(":", 1)[0].strip("[]")
+        return self.broker.authorizer.allowed_any(self.session.principal, host, operation, resource_type)
+
+    def require(self, operation: "Operation", resource_type: "ResourceType", name: str) -> None:
+        """Raise the resource type's *_AUTHORIZATION_FAILED unless `allowed`."""
+        if not self.allowed(operation, resource_type, name):
+            from stratalog.gateway.auth.acls import refusal
+            raise refusal(operation, resource_type, name)
 
     def __str__(self) -> str:
         """The request as logs name it: `Produce v9 (correlation id 12) from 127.0.0.1:50123`."""

@@ -795,6 +795,128 @@ DESCRIBE_PRODUCERS_RESPONSE = Schema('DescribeProducersResponse', 0, 0, 0, (
     )),
 ))
 
+DESCRIBE_ACLS_REQUEST = Schema('DescribeAclsRequest', 0, 3, 2, (
+    F('resource_type_filter', 'int8', 0, default=0),
+    F('resource_name_filter', 'string', 0, nullable=(0, 32767), default=''),
+    F('pattern_type_filter', 'int8', 1, default=3),
+    F('principal_filter', 'string', 0, nullable=(0, 32767), default=''),
+    F('host_filter', 'string', 0, nullable=(0, 32767), default=''),
+    F('operation', 'int8', 0, default=0),
+    F('permission_type', 'int8', 0, default=0),
+))
+
+DESCRIBE_ACLS_RESPONSE = Schema('DescribeAclsResponse', 0, 3, 2, (
+    F('throttle_time_ms', 'int32', 0, default=0),
+    F('error_code', 'int16', 0, default=0),
+    F('error_message', 'string', 0, nullable=(0, 32767), default=''),
+    F('resources', '[]struct', 0, fields=(
+        F('resource_type', 'int8', 0, default=0),
+        F('resource_name', 'string', 0, default=''),
+        F('pattern_type', 'int8', 1, default=3),
+        F('acls', '[]struct', 0, fields=(
+            F('principal', 'string', 0, default=''),
+            F('host', 'string', 0, default=''),
+            F('operation', 'int8', 0, default=0),
+            F('permission_type', 'int8', 0, default=0),
+        )),
+    )),
+))
+
+CREATE_ACLS_REQUEST = Schema('CreateAclsRequest', 0, 3, 2, (
+    F('creations', '[]struct', 0, fields=(
+        F('resource_type', 'int8', 0, default=0),
+        F('resource_name', 'string', 0, default=''),
+        F('resource_pattern_type', 'int8', 1, default=3),
+        F('principal', 'string', 0, default=''),
+        F('host', 'string', 0, default=''),
+        F('operation', 'int8', 0, default=0),
+        F('permission_type', 'int8', 0, default=0),
+    )),
+))
+
+CREATE_ACLS_RESPONSE = Schema('CreateAclsResponse', 0, 3, 2, (
+    F('throttle_time_ms', 'int32', 0, default=0),
+    F('results', '[]struct', 0, fields=(
+        F('error_code', 'int16', 0, default=0),
+        F('error_message', 'string', 0, nullable=(0, 32767), default=''),
+    )),
+))
+
+DELETE_ACLS_REQUEST = Schema('DeleteAclsRequest', 0, 3, 2, (
+    F('filters', '[]struct', 0, fields=(
+        F('resource_type_filter', 'int8', 0, default=0),
+        F('resource_name_filter', 'string', 0, nullable=(0, 32767), default=''),
+        F('pattern_type_filter', 'int8', 1, default=3),
+        F('principal_filter', 'string', 0, nullable=(0, 32767), default=''),
+        F('host_filter', 'string', 0, nullable=(0, 32767), default=''),
+        F('operation', 'int8', 0, default=0),
+        F('permission_type', 'int8', 0, default=0),
+    )),
+))
+
+DELETE_ACLS_RESPONSE = Schema('DeleteAclsResponse', 0, 3, 2, (
+    F('throttle_time_ms', 'int32', 0, default=0),
+    F('filter_results', '[]struct', 0, fields=(
+        F('error_code', 'int16', 0, default=0),
+        F('error_message', 'string', 0, nullable=(0, 32767), default=''),
+        F('matching_acls', '[]struct', 0, fields=(
+            F('error_code', 'int16', 0, default=0),
+            F('error_message', 'string', 0, nullable=(0, 32767), default=''),
+            F('resource_type', 'int8', 0, default=0),
+            F('resource_name', 'string', 0, default=''),
+            F('pattern_type', 'int8', 1, default=3),
+            F('principal', 'string', 0, default=''),
+            F('host', 'string', 0, default=''),
+            F('operation', 'int8', 0, default=0),
+            F('permission_type', 'int8', 0, default=0),
+        )),
+    )),
+))
+
+DESCRIBE_USER_SCRAM_CREDENTIALS_REQUEST = Schema('DescribeUserScramCredentialsRequest', 0, 0, 0, (
+    F('users', '[]struct', 0, nullable=(0, 32767), fields=(
+        F('name', 'string', 0, default=''),
+    )),
+))
+
+DESCRIBE_USER_SCRAM_CREDENTIALS_RESPONSE = Schema('DescribeUserScramCredentialsResponse', 0, 0, 0, (
+    F('throttle_time_ms', 'int32', 0, default=0),
+    F('error_code', 'int16', 0, default=0),
+    F('error_message', 'string', 0, nullable=(0, 32767), default=''),
+    F('results', '[]struct', 0, fields=(
+        F('user', 'string', 0, default=''),
+        F('error_code', 'int16', 0, default=0),
+        F('error_message', 'string', 0, nullable=(0, 32767), default=''),
+        F('credential_infos', '[]struct', 0, fields=(
+            F('mechanism', 'int8', 0, default=0),
+            F('iterations', 'int32', 0, default=0),
+        )),
+    )),
+))
+
+ALTER_USER_SCRAM_CREDENTIALS_REQUEST = Schema('AlterUserScramCredentialsRequest', 0, 0, 0, (
+    F('deletions', '[]struct', 0, fields=(
+        F('name', 'string', 0, default=''),
+        F('mechanism', 'int8', 0, default=0),
+    )),
+    F('upsertions', '[]struct', 0, fields=(
+        F('name', 'string', 0, default=''),
+        F('mechanism', 'int8', 0, default=0),
+        F('iterations', 'int32', 0, default=0),
+        F('salt', 'bytes', 0, default=b''),
+        F('salted_password', 'bytes', 0, default=b''),
+    )),
+))
+
+ALTER_USER_SCRAM_CREDENTIALS_RESPONSE = Schema('AlterUserScramCredentialsResponse', 0, 0, 0, (
+    F('throttle_time_ms', 'int32', 0, default=0),
+    F('results', '[]struct', 0, fields=(
+        F('user', 'string', 0, default=''),
+        F('error_code', 'int16', 0, default=0),
+        F('error_message', 'string', 0, nullable=(0, 32767), default=''),
+    )),
+))
+
 
 class ApiKey(IntEnum):
     """The APIs above, by the key a request header carries."""
@@ -819,6 +941,9 @@ class ApiKey(IntEnum):
     DELETE_RECORDS = 21
     INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
+    DESCRIBE_ACLS = 29
+    CREATE_ACLS = 30
+    DELETE_ACLS = 31
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
     SASL_AUTHENTICATE = 36
@@ -826,6 +951,8 @@ class ApiKey(IntEnum):
     DELETE_GROUPS = 42
     INCREMENTAL_ALTER_CONFIGS = 44
     OFFSET_DELETE = 47
+    DESCRIBE_USER_SCRAM_CREDENTIALS = 50
+    ALTER_USER_SCRAM_CREDENTIALS = 51
     DESCRIBE_CLUSTER = 60
     DESCRIBE_PRODUCERS = 61
 
@@ -853,6 +980,9 @@ APIS: dict[int, tuple[str, Schema, Schema]] = {
     ApiKey.DELETE_RECORDS: ('DeleteRecords', DELETE_RECORDS_REQUEST, DELETE_RECORDS_RESPONSE),
     ApiKey.INIT_PRODUCER_ID: ('InitProducerId', INIT_PRODUCER_ID_REQUEST, INIT_PRODUCER_ID_RESPONSE),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: ('OffsetForLeaderEpoch', OFFSET_FOR_LEADER_EPOCH_REQUEST, OFFSET_FOR_LEADER_EPOCH_RESPONSE),
+    ApiKey.DESCRIBE_ACLS: ('DescribeAcls', DESCRIBE_ACLS_REQUEST, DESCRIBE_ACLS_RESPONSE),
+    ApiKey.CREATE_ACLS: ('CreateAcls', CREATE_ACLS_REQUEST, CREATE_ACLS_RESPONSE),
+    ApiKey.DELETE_ACLS: ('DeleteAcls', DELETE_ACLS_REQUEST, DELETE_ACLS_RESPONSE),
     ApiKey.DESCRIBE_CONFIGS: ('DescribeConfigs', DESCRIBE_CONFIGS_REQUEST, DESCRIBE_CONFIGS_RESPONSE),
     ApiKey.ALTER_CONFIGS: ('AlterConfigs', ALTER_CONFIGS_REQUEST, ALTER_CONFIGS_RESPONSE),
     ApiKey.SASL_AUTHENTICATE: ('SaslAuthenticate', SASL_AUTHENTICATE_REQUEST, SASL_AUTHENTICATE_RESPONSE),
@@ -860,6 +990,8 @@ APIS: dict[int, tuple[str, Schema, Schema]] = {
     ApiKey.DELETE_GROUPS: ('DeleteGroups', DELETE_GROUPS_REQUEST, DELETE_GROUPS_RESPONSE),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: ('IncrementalAlterConfigs', INCREMENTAL_ALTER_CONFIGS_REQUEST, INCREMENTAL_ALTER_CONFIGS_RESPONSE),
     ApiKey.OFFSET_DELETE: ('OffsetDelete', OFFSET_DELETE_REQUEST, OFFSET_DELETE_RESPONSE),
+    ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: ('DescribeUserScramCredentials', DESCRIBE_USER_SCRAM_CREDENTIALS_REQUEST, DESCRIBE_USER_SCRAM_CREDENTIALS_RESPONSE),
+    ApiKey.ALTER_USER_SCRAM_CREDENTIALS: ('AlterUserScramCredentials', ALTER_USER_SCRAM_CREDENTIALS_REQUEST, ALTER_USER_SCRAM_CREDENTIALS_RESPONSE),
     ApiKey.DESCRIBE_CLUSTER: ('DescribeCluster', DESCRIBE_CLUSTER_REQUEST, DESCRIBE_CLUSTER_RESPONSE),
     ApiKey.DESCRIBE_PRODUCERS: ('DescribeProducers', DESCRIBE_PRODUCERS_REQUEST, DESCRIBE_PRODUCERS_RESPONSE),
 }

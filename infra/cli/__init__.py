@@ -28,6 +28,7 @@ COMMANDS = (
     "stratalog.infra.cli.consume",
     "stratalog.infra.cli.groups",
     "stratalog.infra.cli.users",
+    "stratalog.infra.cli.acls",
     "stratalog.infra.cli.segments",
     "stratalog.infra.cli.cluster",
     "stratalog.infra.cli.compact",

@@ -63,6 +63,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--topic", required=True, metavar="T")
     p.add_argument("--admin", default=DEFAULT_ADMIN, metavar="URL",
                    help=f"the leader gateway's HTTP address (default {DEFAULT_ADMIN})")
+    p.add_argument("--admin-token-file", type=Path, metavar="FILE",
+                   help="file holding the gateway's admin bearer token (its http.admin.token.file)")
     p.add_argument("--bootstrap", metavar="HOST:PORT",
                    default=os.environ.get("STRATALOG_BOOTSTRAP") or DEFAULT_BOOTSTRAP,
                    help=f"a gateway to read the topic's configs from (default {DEFAULT_BOOTSTRAP})")
@@ -89,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         report = compact(spark, url, args.topic, args.admin, endpoint=args.s3_endpoint,
                          region=args.s3_region, path_style=True if args.s3_path_style else None,
-                         bootstrap=args.bootstrap, configs=overrides, partitions=args.partition)
+                         bootstrap=args.bootstrap, configs=overrides, partitions=args.partition,
+                         admin_token=_token(args.admin_token_file))
     except (CompactionError, TopicNotFound, ValueError) as exc:
         raise CliError(str(exc)) from None
     except Exception as exc:  # Spark wraps worker failures; keep the first line of the cause
@@ -101,3 +104,12 @@ def run(args: argparse.Namespace) -> int:
     if not report.ok:
         raise CliError(f"compaction of {args.topic} did not finish on every partition (see the table)")
     return 0
+
+
+def _token(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return path.read_text().strip()
+    except OSError as e:
+        raise CliError(f"cannot read {path}: {e.strerror or e}") from None

@@ -1,0 +1,354 @@
+"""ACLs: the authorizer's rules in process, then a gateway with ACLs on, driven by
+confluent-kafka over SASL (admin, alice and bob), and a 3-gateway cluster where an ACL
+added through one gateway is enforced by all of them."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from stratalog.coordinator.model import AclBinding
+from stratalog.gateway.auth.acls import (AclFilter, Authorizer, InvalidAcl, Operation, PatternType, Permission,
+                                         ResourceType, check_binding)
+
+ALLOW, DENY = Permission.ALLOW, Permission.DENY
+LIT, PRE = PatternType.LITERAL, PatternType.PREFIXED
+T, G, C = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.CLUSTER
+
+
+def acl(rtype, name, op, perm=ALLOW, principal="User:alice", host="*", pattern=LIT) -> AclBinding:
+    return AclBinding(rtype, name, pattern, principal, host, op, perm)
+
+
+class Store:
+    def __init__(self, bindings):
+        self.bindings = bindings
+
+    async def acls(self):
+        return list(self.bindings)
+
+
+def authorizer(*bindings, super_users=("User:root",), allow_if_no_acl=False) -> Authorizer:
+    a = Authorizer(Store(bindings), super_users=frozenset(super_users), allow_if_no_acl=allow_if_no_acl)
+    asyncio.run(a.reload())
+    return a
+
+
+@pytest.mark.unit
+def test_the_authorizer_follows_kafkas_rules():
+    a = authorizer(
+        acl(T, "orders", Operation.WRITE),
+        acl(T, "logs-", Operation.READ, pattern=PRE),
+        acl(T, "mixed", Operation.ALL),
+        acl(T, "mixed", Operation.WRITE, DENY),
+        acl(T, "*", Operation.DESCRIBE, principal="User:*"),
+        acl(T, "local", Operation.READ, host="10.0.0.1"),
+        acl(G, "g", Operation.READ, principal="User:bob"))
+
+    def ok(op, rtype, name, principal="User:alice", host="127.0.0.1"):
+        return a.allowed(principal, host, op, rtype, name)
+
+    assert ok(Operation.WRITE, T, "orders") and not ok(Operation.READ, T, "orders")
+    assert ok(Operation.DESCRIBE, T, "orders")  # implied by WRITE (and the wildcard)
+    assert ok(Operation.READ, T, "logs-app") and not ok(Operation.READ, T, "log")  # prefix
+    assert ok(Operation.READ, T, "mixed") and not ok(Operation.WRITE, T, "mixed")  # deny wins
+    assert ok(Operation.DESCRIBE, T, "anything", principal="User:carol")  # wildcard name and principal
+    assert not ok(Operation.READ, T, "local") and ok(Operation.READ, T, "local", host="10.0.0.1")
+    assert ok(Operation.READ, G, "g", principal="User:bob") and not ok(Operation.READ, G, "g")
+    assert ok(Operation.ALTER, C, "kafka-cluster", principal="User:root")  # super user
+    assert not ok(Operation.READ, G, "unnamed")  # no ACL: allow.everyone.if.no.acl.found=false
+    assert authorizer(allow_if_no_acl=True).allowed("User:x", "h", Operation.READ, G, "unnamed")
+    assert a.allowed_any("User:alice", "h", Operation.WRITE, T)
+    assert not a.allowed_any("User:bob", "h", Operation.WRITE, T)
+
+
+@pytest.mark.unit
+def test_filters_match_as_describe_and_delete_acls_do():
+    lit, pre, star = (acl(T, "orders", Operation.READ), acl(T, "ord", Operation.READ, pattern=PRE),
+                      acl(T, "*", Operation.READ))
+    match = AclFilter(T, "orders", PatternType.MATCH)
+    assert [b for b in (lit, pre, star) if match.matches(b)] == [lit, pre, star]
+    assert [b for b in (lit, pre, star) if AclFilter(T, "orders", LIT).matches(b)] == [lit]
+    assert [b for b in (lit, pre, star) if AclFilter(pattern_type=PRE).matches(b)] == [pre]
+    assert not AclFilter(G).matches(lit) and AclFilter(principal="User:alice").matches(lit)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("binding", [
+    acl(ResourceType.ANY, "x", Operation.READ), acl(T, "x", Operation.ANY), acl(T, "x", Operation.READ, Permission.ANY),
+    acl(T, "x", Operation.READ, pattern=PatternType.MATCH), acl(T, "", Operation.READ),
+    acl(T, "x", Operation.READ, principal="alice"), acl(T, "x", Operation.READ, host="not-an-ip"),
+    acl(C, "my-cluster", Operation.ALTER), AclBinding(99, "x", 3, "User:a", "*", 3, 3)])
+def test_bindings_kafka_refuses_are_refused(binding):
+    with pytest.raises(InvalidAcl):
+        check_binding(binding)
+
+
+# --- a gateway with ACLs on ------------------------------------------------------------------
+
+ck = pytest.importorskip("confluent_kafka", reason="confluent-kafka is not installed")
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer  # noqa: E402
+from confluent_kafka.admin import (AclBinding as CkAcl, AclBindingFilter, AclOperation,  # noqa: E402
+                                   AclPermissionType, AdminClient, NewTopic, ResourcePatternType,
+                                   ResourceType as CkResource)
+
+from cluster_fixtures import etcd, start_cluster, wait_for  # noqa: E402,F401 - etcd is a fixture
+from conftest import GatewayProcess  # noqa: E402
+from stratalog.infra.processes import free_port  # noqa: E402
+
+USERS = {"admin": "admin-pw-1", "alice": "alice-pw-1", "bob": "bob-pw-1"}
+
+
+class AclGateway:
+    def __init__(self, tmp: Path):
+        data = tmp / "data"
+        for user, password in USERS.items():
+            subprocess.run([sys.executable, "-m", "stratalog.infra.cli", "users", "add", user, "--password",
+                            password, "--mechanism", "SCRAM-SHA-256", "--data-dir", str(data)],
+                           check=True, capture_output=True, timeout=60)
+        self.gw = GatewayProcess(data)
+        self._admins: dict[str, AdminClient] = {}
+        self.sasl_port = free_port()
+        self.gw.settings.update({
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.gw.port},SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}",
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users": "User:admin"})
+
+    def conf(self, user: str) -> dict:
+        return {"bootstrap.servers": f"127.0.0.1:{self.sasl_port}", "security.protocol": "SASL_PLAINTEXT",
+                "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": user, "sasl.password": USERS[user]}
+
+    def admin(self, user: str = "admin") -> AdminClient:
+        """One client per user, kept: a librdkafka handle dropped mid-request fails it."""
+        if user not in self._admins:
+            self._admins[user] = AdminClient(self.conf(user))
+        return self._admins[user]
+
+
+@pytest.fixture(scope="module")
+def acl_gateway(tmp_path_factory):
+    g = AclGateway(tmp_path_factory.mktemp("acls"))
+    g.gw.start()
+    yield g
+    g.gw.stop()
+
+
+def grant(g: AclGateway, *bindings: CkAcl) -> None:
+    for f in g.admin().create_acls(list(bindings), request_timeout=15).values():
+        f.result()
+
+
+def topic_acl(name, user, op, perm=AclPermissionType.ALLOW, pattern=ResourcePatternType.LITERAL,
+              rtype=CkResource.TOPIC, host="*") -> CkAcl:
+    return CkAcl(rtype, name, pattern, f"User:{user}", host, op, perm)
+
+
+def create(g: AclGateway, *names: str) -> None:
+    admin = g.admin()
+    for f in admin.create_topics([NewTopic(n, 1, 1) for n in names]).values():
+        f.result(15)
+
+
+def produce_error(g: AclGateway, user: str, topic: str):
+    p = Producer({**g.conf(user), "acks": "all", "message.timeout.ms": 5000})
+    got = []
+    p.produce(topic, value=b"v", on_delivery=lambda e, m: got.append(e))
+    p.flush(15)
+    return got[0] if got else "no delivery report"
+
+
+def consume(g: AclGateway, user: str, topic: str, group: str, timeout: float = 10):
+    c = Consumer({**g.conf(user), "group.id": group, "auto.offset.reset": "earliest"})
+    c.subscribe([topic])
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            if m.error():
+                return m.error()
+            return m.value()
+    finally:
+        c.close()
+    return None
+
+
+def test_produce_needs_write_on_the_topic(acl_gateway):
+    g, name = acl_gateway, f"orders-{uuid.uuid4().hex[:6]}"
+    create(g, name)
+    grant(g, topic_acl(name, "alice", AclOperation.WRITE))
+    assert produce_error(g, "alice", name) is None
+    err = produce_error(g, "bob", name)
+    assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert produce_error(g, "admin", name) is None  # super user
+
+
+def test_deny_wins_over_allow_and_prefixes_match(acl_gateway):
+    g, prefix = acl_gateway, f"team-{uuid.uuid4().hex[:6]}-"
+    create(g, prefix + "a", prefix + "b")
+    grant(g, topic_acl(prefix, "alice", AclOperation.ALL, pattern=ResourcePatternType.PREFIXED),
+          topic_acl(prefix + "b", "alice", AclOperation.WRITE, AclPermissionType.DENY))
+    assert produce_error(g, "alice", prefix + "a") is None
+    err = produce_error(g, "alice", prefix + "b")
+    assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+
+def test_a_host_restriction_is_enforced(acl_gateway):
+    g, name = acl_gateway, f"hosted-{uuid.uuid4().hex[:6]}"
+    create(g, name)
+    grant(g, topic_acl(name, "alice", AclOperation.WRITE, host="10.9.9.9"))
+    err = produce_error(g, "alice", name)
+    assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    grant(g, topic_acl(name, "alice", AclOperation.WRITE, host="127.0.0.1"))
+    assert produce_error(g, "alice", name) is None
+
+
+def test_a_consumer_group_needs_read_on_the_group_and_the_topic(acl_gateway):
+    g, name = acl_gateway, f"events-{uuid.uuid4().hex[:6]}"
+    group = f"g-{name}"
+    create(g, name)
+    assert produce_error(g, "admin", name) is None
+    grant(g, topic_acl(name, "bob", AclOperation.READ))
+    err = consume(g, "bob", name, group)
+    assert isinstance(err, KafkaError) and err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED
+    grant(g, topic_acl(group, "bob", AclOperation.READ, rtype=CkResource.GROUP))
+    assert consume(g, "bob", name, group) == b"v"
+    grant(g, topic_acl(f"g2-{name}", "alice", AclOperation.READ, rtype=CkResource.GROUP))
+    err = consume(g, "alice", name, f"g2-{name}")
+    assert isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+
+def test_metadata_shows_only_what_the_principal_may_describe(acl_gateway):
+    g, mine, other = acl_gateway, f"seen-{uuid.uuid4().hex[:6]}", f"hidden-{uuid.uuid4().hex[:6]}"
+    create(g, mine, other)
+    grant(g, topic_acl(mine, "bob", AclOperation.DESCRIBE))
+    seen = set(g.admin("bob").list_topics(timeout=15).topics)
+    assert mine in seen and other not in seen
+    assert {mine, other} <= set(g.admin().list_topics(timeout=15).topics)
+
+
+def test_admin_apis_need_their_operations(acl_gateway):
+    g, name = acl_gateway, f"adm-{uuid.uuid4().hex[:6]}"
+    with pytest.raises(KafkaException) as denied:
+        g.admin("bob").create_topics([NewTopic(name, 1, 1)])[name].result(15)
+    assert denied.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    grant(g, topic_acl(name, "bob", AclOperation.CREATE))
+    g.admin("bob").create_topics([NewTopic(name, 1, 1)])[name].result(15)
+    with pytest.raises(KafkaException) as denied:
+        g.admin("bob").delete_topics([name])[name].result(15)
+    assert denied.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    # librdkafka ignores DescribeAcls' top-level error code; kafka-python raises it.
+    kafka_admin = pytest.importorskip("kafka.admin", reason="kafka-python is not installed")
+    bob = kafka_admin.KafkaAdminClient(
+        bootstrap_servers=g.conf("bob")["bootstrap.servers"], security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="SCRAM-SHA-256", sasl_plain_username="bob", sasl_plain_password=USERS["bob"])
+    try:
+        with pytest.raises(Exception, match="ClusterAuthorizationFailed|CLUSTER_AUTHORIZATION_FAILED"):
+            bob.describe_acls(kafka_admin.ACLFilter(principal=None, host="*", operation=kafka_admin.ACLOperation.ANY,
+                                                    permission_type=kafka_admin.ACLPermissionType.ANY,
+                                                    resource_pattern=kafka_admin.ResourcePatternFilter(
+                                                        kafka_admin.ResourceType.ANY, None,
+                                                        kafka_admin.ACLResourcePatternType.ANY)))
+    finally:
+        bob.close()
+
+
+def test_acls_are_described_and_deleted(acl_gateway):
+    g, name = acl_gateway, f"del-{uuid.uuid4().hex[:6]}"
+    create(g, name)
+    grant(g, topic_acl(name, "alice", AclOperation.WRITE))
+    wanted = AclBindingFilter(CkResource.TOPIC, name, ResourcePatternType.MATCH, None, None, AclOperation.ANY,
+                              AclPermissionType.ANY)
+    found = g.admin().describe_acls(wanted).result(15)
+    assert [(b.name, b.principal, b.operation) for b in found] == [(name, "User:alice", AclOperation.WRITE)]
+    deleted = g.admin().delete_acls([wanted])[wanted].result(15)
+    assert len(deleted) == 1
+    assert g.admin().describe_acls(wanted).result(15) == []
+    err = produce_error(g, "alice", name)
+    assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+
+def test_scram_credentials_are_managed_over_the_protocol(acl_gateway):
+    from confluent_kafka.admin import ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
+
+    g = acl_gateway
+    info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096)
+    upsert = UserScramCredentialUpsertion("carol", info, b"carol-pw-1")
+    with pytest.raises(KafkaException):
+        g.admin("bob").alter_user_scram_credentials([upsert])["carol"].result(15)
+    g.admin().alter_user_scram_credentials([upsert])["carol"].result(15)
+    described = g.admin().describe_user_scram_credentials(["carol"])["carol"].result(15)
+    assert [(c.mechanism, c.iterations) for c in described.scram_credential_infos] == \
+        [(ScramMechanism.SCRAM_SHA_256, 4096)]
+    USERS["carol"] = "carol-pw-1"
+    grant(g, topic_acl("*", "carol", AclOperation.DESCRIBE))
+    assert g.admin("carol").list_topics(timeout=15).topics  # carol authenticates with it
+
+
+def test_the_acls_command_adds_lists_and_removes(acl_gateway):
+    g, name = acl_gateway, f"cli-{uuid.uuid4().hex[:6]}"
+    create(g, name)
+    conn = ["--bootstrap", g.conf("admin")["bootstrap.servers"]]
+    for k, v in g.conf("admin").items():
+        if k != "bootstrap.servers":
+            conn += ["--command-config", f"{k}={v}"]
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "stratalog.infra.cli", "acls", *args, *conn],
+                              capture_output=True, text=True, timeout=60)
+
+    added = cli("add", "--principal", "User:alice", "--operation", "WRITE", "--operation", "DESCRIBE",
+                "--topic", name)
+    assert added.returncode == 0, added.stderr
+    assert produce_error(g, "alice", name) is None
+    listed = cli("list", "--topic", name)
+    assert listed.returncode == 0 and listed.stdout.count("User:alice") == 2 and "WRITE" in listed.stdout
+    removed = cli("remove", "--topic", name, "--operation", "WRITE")
+    assert removed.returncode == 0 and "removed 1 ACL" in removed.stdout
+    err = produce_error(g, "alice", name)
+    assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    bad = cli("add", "--principal", "alice", "--operation", "READ", "--topic", name)
+    assert bad.returncode == 2 and "User:alice" in bad.stderr
+
+
+def test_an_acl_added_through_one_gateway_is_enforced_by_all_within_two_seconds(gateway_factory, etcd, tmp_path):
+    gws = start_cluster(gateway_factory, etcd, tmp_path, 3, **{
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "allow.everyone.if.no.acl.found": "true"})
+    topic = f"spread-{uuid.uuid4().hex[:6]}"
+    admins = [AdminClient({"bootstrap.servers": gw.bootstrap}) for gw in gws]
+    admins[0].create_topics([NewTopic(topic, 3, 1)])[topic].result(30)
+    wait_for(lambda: {p.leader for p in admins[0].list_topics(topic, timeout=10).topics[topic]
+                      .partitions.values()} == {1, 2, 3}, what="one partition led by each gateway")
+    p = Producer({"bootstrap.servers": gws[0].bootstrap, "acks": "all", "retries": 0,
+                  "message.timeout.ms": 5000, "linger.ms": 0})
+
+    def refused_everywhere() -> bool:
+        """Whether the leader of each partition (one per gateway) refuses a write now."""
+        errors = []
+        for partition in range(3):
+            p.produce(topic, value=b"x", partition=partition, on_delivery=lambda e, m: errors.append(e))
+        p.flush(10)
+        return len(errors) == 3 and all(e is not None and e.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+                                        for e in errors)
+
+    assert not refused_everywhere()  # connections are up and writes go through
+    deny = CkAcl(CkResource.TOPIC, topic, ResourcePatternType.LITERAL, "User:ANONYMOUS", "*", AclOperation.WRITE,
+                 AclPermissionType.DENY)
+    for f in admins[0].create_acls([deny]).values():
+        f.result(15)
+    added = time.monotonic()
+    while not refused_everywhere():
+        assert time.monotonic() - added < 2.0, "a gateway still allows the write 2 s after the ACL was added"
+        time.sleep(0.05)
+    for admin in admins[1:]:
+        found = admin.describe_acls(AclBindingFilter(CkResource.TOPIC, topic, ResourcePatternType.LITERAL, None,
+                                                     None, AclOperation.ANY, AclPermissionType.ANY)).result(15)
+        assert len(found) == 1
