@@ -16,8 +16,9 @@ __all__ = ["open_coordinator", "KVClusterStore", "CoordinatorError", "Coordinato
 
 
 def open_coordinator(url: str | None, data_dir: Path, cluster: str = "default",
-                     clock: Callable[[], float] = time.monotonic) -> KVClusterStore:
-    """None or "embedded": SQLite under data_dir; "etcd://host:port[,host:port]": etcd."""
+                     clock: Callable[[], float] = time.monotonic, etcd_security=None) -> KVClusterStore:
+    """None or "embedded": SQLite under data_dir; "etcd://host:port[,host:port]": etcd
+    (`etcd_security`, an `EtcdSecurity`: TLS files and an etcd user)."""
     if url is None or url == "embedded":
         from stratalog.coordinator.embedded import EmbeddedKV
         return KVClusterStore(EmbeddedKV(Path(data_dir), clock=clock), cluster)
@@ -26,6 +27,6 @@ def open_coordinator(url: str | None, data_dir: Path, cluster: str = "default",
         spec = url[len("etcd://"):].rstrip("/")
         if not spec:
             raise ValueError(f"coordinator URL {url!r} names no etcd endpoint")
-        return KVClusterStore(EtcdKV(parse_endpoints(spec)), cluster)
+        return KVClusterStore(EtcdKV(parse_endpoints(spec), security=etcd_security), cluster)
     raise ValueError(f"unsupported coordinator URL {url!r}: use 'embedded' or "
                      "'etcd://host:port[,host:port]'")

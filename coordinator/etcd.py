@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Sequence
 
 import aetcd
 import grpc
-from aetcd import rpc
+from aetcd import rpc, watcher
 
 from stratalog.coordinator.kv import (
     DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, Compare, CoordinatorError,
@@ -55,14 +56,69 @@ def _range_end(prefix: str) -> bytes:
     return b"\0" if end is None else end  # etcd: "\0" as range_end means "to the end"
 
 
+@dataclass(frozen=True)
+class EtcdSecurity:
+    """How to reach a secured etcd: TLS (a CA bundle; a client certificate and key for
+    etcd's --client-cert-auth) and/or an etcd user."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    username: str | None = None
+    password: str | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials | None:
+        if not (self.ca_file or self.cert_file):
+            return None
+        def read(path: str | None) -> bytes | None:
+            if not path:
+                return None
+            try:
+                return open(path, "rb").read()
+            except OSError as e:
+                raise ValueError(f"etcd TLS file {path}: {e.strerror or e}") from None
+        return grpc.ssl_channel_credentials(read(self.ca_file), read(self.key_file), read(self.cert_file))
+
+
+class _TlsClient(aetcd.Client):
+    """aetcd's client on a TLS channel: aetcd 1.0 opens plaintext channels only, so this
+    builds the secure channel and the same stubs aetcd's own connect builds (hence the
+    upper bound on aetcd in pyproject)."""
+
+    def __init__(self, *args, credentials: grpc.ChannelCredentials, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._credentials = credentials
+        self._connect_lock = asyncio.Lock()
+
+    async def connect(self) -> None:
+        async with self._connect_lock:
+            if self._connected.is_set():
+                return
+            channel = rpc.secure_channel(f"{self._host}:{self._port}", self._credentials,
+                                         options=self._options.items())
+            metadata = None
+            if self._username is not None:
+                reply = await rpc.AuthStub(channel).Authenticate(
+                    rpc.AuthenticateRequest(name=self._username, password=self._password), timeout=self._timeout)
+                metadata = (("token", reply.token),)
+            self.channel, self.metadata = channel, metadata
+            self.kvstub, self.leasestub = rpc.KVStub(channel), rpc.LeaseStub(channel)
+            self.clusterstub, self.maintenancestub = rpc.ClusterStub(channel), rpc.MaintenanceStub(channel)
+            self._watcher = watcher.Watcher(rpc.WatchStub(channel), timeout=self._timeout, metadata=metadata)
+            self._connected.set()
+
+
 class EtcdKV:
     """`KV` on etcd; same semantics as the embedded store, etcd's own limits."""
 
     def __init__(self, endpoints: list[tuple[str, int]], timeout_s: float = 5.0,
                  max_txn_ops: int = DEFAULT_MAX_TXN_OPS,
-                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES):
+                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+                 security: EtcdSecurity | None = None):
         if not endpoints:
             raise ValueError("at least one etcd endpoint is needed")
+        self.security = security or EtcdSecurity()
+        self._credentials = self.security.credentials()  # bad files fail here, not at first use
         self.endpoints = list(endpoints)
         self.max_txn_ops = max_txn_ops
         self.max_request_bytes = max_request_bytes
@@ -80,8 +136,15 @@ class EtcdKV:
         if self._client is None:
             host, port = self.endpoints[self._next % len(self.endpoints)]
             # Published before connecting so concurrent first calls share one channel.
-            self._client = aetcd.Client(host=host, port=port, timeout=self._timeout,
-                                        options=dict(_CHANNEL_OPTIONS))
+            sec = self.security
+            if self._credentials is not None:
+                self._client = _TlsClient(host=host, port=port, timeout=self._timeout,
+                                          username=sec.username, password=sec.password,
+                                          options=dict(_CHANNEL_OPTIONS), credentials=self._credentials)
+            else:
+                self._client = aetcd.Client(host=host, port=port, timeout=self._timeout,
+                                            username=sec.username, password=sec.password,
+                                            options=dict(_CHANNEL_OPTIONS))
         client = self._client
         try:
             await self._bounded(client.connect())

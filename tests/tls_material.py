@@ -22,6 +22,8 @@ class Material:
     client_cert: Path
     client_key: Path
     directory: Path
+    server_cert: Path
+    server_key: Path
 
     def renew_server(self) -> int:
         """Replace the server's key and certificate (same CA) in place; the new serial."""
@@ -79,8 +81,8 @@ def make(directory: Path) -> Material:
                .sign(ca_key, hashes.SHA256()))
     ca = directory / "ca.crt"
     ca.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    server, _, _ = _issue(directory, "gateway", ca_key, ca_cert, server=True)
+    server, server_cert, server_key = _issue(directory, "gateway", ca_key, ca_cert, server=True)
     client, client_cert, client_key = _issue(directory, "client-app", ca_key, ca_cert, server=False)
-    m = Material(ca, server, client, client_cert, client_key, directory)
+    m = Material(ca, server, client, client_cert, client_key, directory, server_cert, server_key)
     m._ca_key, m._ca_cert = ca_key, ca_cert  # type: ignore[attr-defined]
     return m

@@ -14,7 +14,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from stratalog.infra.cli.common import CliError, UsageError, print_table
+from stratalog.infra.cli.common import CliError, UsageError, key_value, print_table
 
 DEFAULT_DATA_DIR = "stratalog-data"
 MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -54,16 +54,28 @@ def _coordinator_options(p: argparse.ArgumentParser) -> None:
                        help=f"the embedded coordinator of this data directory (default ./{DEFAULT_DATA_DIR})")
     where.add_argument("--coordinator", metavar="etcd://HOST:PORT", help="an etcd coordinator")
     p.add_argument("--cluster", default="default", help="cluster name in the coordinator (default: default)")
+    p.add_argument("--config", type=Path, metavar="FILE",
+                   help="the gateways' TOML settings file, for etcd.ssl.* and etcd.username/etcd.password.file")
+    p.add_argument("--set", dest="settings", action="append", default=[], type=key_value, metavar="KEY=VALUE",
+                   help="an etcd.* setting (repeatable)")
 
 
 def _open(args):
     from stratalog.coordinator import open_coordinator
     from stratalog.coordinator.kv import DataDirInUse
+    from stratalog.gateway.app import StartupError, etcd_security
+    from stratalog.gateway.config import BrokerConfig, ConfigError, load_settings
+
+    try:
+        config = BrokerConfig(load_settings(args.config, env={}, flags=dict(args.settings)))
+        security = etcd_security(config)
+    except (ConfigError, StartupError) as e:
+        raise UsageError(str(e)) from None
 
     if args.coordinator is None:
         args.data_dir.mkdir(parents=True, exist_ok=True)  # users may come before the first start
     try:
-        return open_coordinator(args.coordinator, args.data_dir, args.cluster)
+        return open_coordinator(args.coordinator, args.data_dir, args.cluster, etcd_security=security)
     except DataDirInUse:
         raise CliError(f"a gateway is running on {args.data_dir}: stop it first (the embedded "
                        "coordinator has one user at a time), or use an etcd coordinator") from None
