@@ -93,8 +93,9 @@ def start_tansu() -> tuple[subprocess.Popen, int] | None:
 
 
 def produce_throughput(bootstrap: str, topic: str, mib: int, partitions: int, *,
-                       idempotent: bool) -> tuple[float, float]:
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "batch.size": 1024 * 1024,
+                       idempotent: bool, conf: dict | None = None) -> tuple[float, float]:
+    """(MiB/s, records/s); `conf` adds client settings (security, for example)."""
+    p = Producer({"bootstrap.servers": bootstrap, **(conf or {}), "linger.ms": 5, "batch.size": 1024 * 1024,
                   "acks": "all", "queue.buffering.max.kbytes": 262144,
                   "message.max.bytes": 2 * 1024 * 1024, "enable.idempotence": idempotent})
     payload = os.urandom(RECORD // 2).hex().encode()[:RECORD]
@@ -144,8 +145,10 @@ def ack_latency(bootstrap: str, topic: str, *, offered_mbps: float, idempotent: 
     return lat[len(lat) // 2] * 1000, lat[int(len(lat) * 0.99)] * 1000, len(lat) * RECORD / secs / 1024 / 1024
 
 
-def fetch_throughput(bootstrap: str, topic: str, partitions: int, expected: int) -> tuple[float, float]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench", "enable.auto.commit": False,
+def fetch_throughput(bootstrap: str, topic: str, partitions: int, expected: int,
+                     conf: dict | None = None) -> tuple[float, float]:
+    c = Consumer({"bootstrap.servers": bootstrap, **(conf or {}), "group.id": f"bench-{topic}",
+                  "enable.auto.commit": False,
                   "fetch.max.bytes": 52428800, "max.partition.fetch.bytes": 4194304,
                   "queued.max.messages.kbytes": 262144})
     c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])

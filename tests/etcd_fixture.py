@@ -25,7 +25,7 @@ class EtcdServer:
     """One etcd member bound to 127.0.0.1; start/stop/kill keep the data dir and ports."""
 
     def __init__(self, binary: str, data_dir: Path, tls=None):
-        """`tls`: tests' tls_material.Material; clients then need TLS and a client certificate."""
+        """`tls`: a stratalog.infra.devcerts.Material; clients then need TLS and a client certificate."""
         self.binary = binary
         self.data_dir = Path(data_dir)
         self.client_port = free_port()

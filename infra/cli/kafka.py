@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import os
+from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ClusterMetadata, TopicMetadata
@@ -36,12 +37,33 @@ def add_connection_options(parser: argparse.ArgumentParser, *, timeout: bool = T
     group.add_argument("--bootstrap", metavar="HOST:PORT",
                        default=os.environ.get(BOOTSTRAP_ENV) or DEFAULT_BOOTSTRAP,
                        help=f"a broker to connect to (default ${BOOTSTRAP_ENV} or {DEFAULT_BOOTSTRAP})")
-    group.add_argument("--command-config", metavar="KEY=VALUE", dest="command_config",
-                       action="append", type=key_value, default=[],
-                       help="a client property for librdkafka, e.g. security.protocol=SASL_SSL (repeatable)")
+    group.add_argument("--command-config", metavar="FILE|KEY=VALUE", dest="command_config",
+                       action="extend", type=client_properties, default=[],
+                       help="client properties for librdkafka: a properties FILE (KEY=VALUE lines, as "
+                            "Kafka's tools take) or one KEY=VALUE, e.g. security.protocol=SASL_SSL (repeatable)")
     if timeout:
         group.add_argument("--timeout", metavar="SECONDS", type=positive_float, default=DEFAULT_TIMEOUT,
                            help=f"how long to wait for the broker (default {DEFAULT_TIMEOUT:g})")
+
+
+def client_properties(text: str) -> list[tuple[str, str]]:
+    """argparse type of --command-config: KEY=VALUE, or a file of such lines ('#' comments)."""
+    if "=" in text:
+        return [key_value(text)]
+    try:
+        lines = Path(text).read_text().splitlines()
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither KEY=VALUE nor a readable file: "
+                                         f"{e.strerror or e}") from None
+    out = []
+    for n, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith(("#", "!")):
+            continue
+        if "=" not in line:
+            raise argparse.ArgumentTypeError(f"{text}:{n}: expected KEY=VALUE, got {line!r}")
+        out.append(key_value(line))
+    return out
 
 
 def reason(err: KafkaError | KafkaException | BaseException) -> str:

@@ -1,5 +1,7 @@
-"""Certificates made for a test: a CA, a server certificate for 127.0.0.1/localhost and
-client certificates, as PEM files (key and chain in one file, as Kafka's PEM key store)."""
+"""Throwaway certificates for tests and benchmarks: a CA, a server certificate for
+127.0.0.1/localhost and a client certificate, as PEM files (the server's key and chain
+also in one file, as Kafka's PEM key store takes them). Never for production: the keys
+are unencrypted and the CA is made on the spot."""
 
 from __future__ import annotations
 
