@@ -147,7 +147,8 @@ class GatewayServer:
         except DecodeError as e:
             log.warning("%s: closing, malformed request: %s", peer, e)
             return None
-        if session.expired(self.broker.now_ms()) and req.api_key not in BEFORE_AUTHENTICATION:
+        if (session.expires_ms is not None and req.api_key not in BEFORE_AUTHENTICATION
+                and session.expired(self.broker.now_ms())):
             log.info("%s: closing, the credentials of %s expired without re-authentication", peer,
                      session.principal)
             return None
