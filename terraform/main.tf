@@ -77,6 +77,9 @@ module "gateways" {
   environment            = var.gateway_environment
   listener_port_start    = var.listener_port_start
   advertised_host        = var.advertised_host
+  security_protocol      = var.security_protocol
+  tls_certificate_arn    = var.tls_certificate_arn
+  acls_enabled           = var.acls_enabled
 
   vpc_id                = var.vpc_id
   subnet_ids            = var.subnet_ids

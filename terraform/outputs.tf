@@ -62,3 +62,18 @@ output "security_group_gateway_id" {
   description = "Security group of the gateways (add rules to it for other sources)"
   value       = module.security.security_group_gateway_id
 }
+
+output "gateways_admin_secret_arn" {
+  description = "ARN of the Secrets Manager secret holding the admin user's password (null without SASL)"
+  value       = module.gateways.gateways_admin_secret_arn
+}
+
+output "gateways_security_protocol" {
+  description = "The security.protocol Kafka clients set to reach the gateways"
+  value       = module.gateways.gateways_security_protocol
+}
+
+output "gateways_container_commands" {
+  description = "Entry point and arguments of each gateway's container"
+  value       = module.gateways.gateways_container_commands
+}

@@ -230,3 +230,21 @@ variable "log_retention_in_days" {
   type        = number
   default     = 30
 }
+
+variable "security_protocol" {
+  description = "How clients reach the gateways: SASL_SSL (TLS at the load balancer, SCRAM or PLAIN users), SASL_PLAINTEXT or PLAINTEXT (no authentication)"
+  type        = string
+  default     = "SASL_SSL"
+}
+
+variable "tls_certificate_arn" {
+  description = "ACM certificate of the load balancer's TLS listeners, for SASL_SSL"
+  type        = string
+  default     = null
+}
+
+variable "acls_enabled" {
+  description = "Enforce Kafka ACLs; the admin user (password in Secrets Manager) is a super user"
+  type        = bool
+  default     = true
+}

@@ -417,6 +417,14 @@ def _plan_json(cwd: Path, env: dict, tfvars: dict, tmp_path: Path) -> dict:
     return json.loads(_tf(["show", "-json", "-no-color", str(plan_file)], cwd, env).stdout)
 
 
+def _tf_plan_failure(cwd: Path, env: dict, tfvars: dict, tmp_path: Path) -> str:
+    """The error output of a plan that must fail."""
+    var_file = tmp_path / "test.tfvars.json"
+    var_file.write_text(json.dumps(tfvars))
+    proc = _tf(["plan", "-no-color", f"-var-file={var_file}"], cwd, env, ok_codes=(1,))
+    return proc.stdout + proc.stderr
+
+
 def _creates(plan: dict) -> dict[str, list[dict]]:
     by_type: dict[str, list[dict]] = {}
     for rc in plan["resource_changes"]:
@@ -441,11 +449,14 @@ def test_complete_example_plans_the_whole_stack(tf_tree, tf_env, moto_url, tmp_p
     plan = _plan_json(
         tf_tree / "examples/complete",
         tf_env,
-        {**_emulator_vars(moto_url), "etcd_ami_id": "ami-0123456789abcdef0"},
+        {**_emulator_vars(moto_url), "etcd_ami_id": "ami-0123456789abcdef0", "tls_certificate_arn": CERT_ARN},
         tmp_path,
     )
     creates = _creates(plan)
     for kind, count in {
+        "aws_secretsmanager_secret": 1,
+        "aws_secretsmanager_secret_version": 1,
+        "aws_iam_role_policy": 1,  # the execution role may read that secret, nothing else new
         "aws_s3_bucket": 1,
         "aws_iam_role": 3,  # gateway, reader, task execution
         "aws_instance": 3,
@@ -464,6 +475,10 @@ def test_complete_example_plans_the_whole_stack(tf_tree, tf_env, moto_url, tmp_p
 
     listeners = sorted(rc["change"]["after"]["port"] for rc in creates["aws_lb_listener"])
     assert listeners == [9092, 9093, 9094]
+    for rc in creates["aws_lb_listener"]:  # SASL_SSL by default: TLS ends at the load balancer
+        after = rc["change"]["after"]
+        assert (after["protocol"], after["certificate_arn"]) == ("TLS", CERT_ARN)
+        assert after["ssl_policy"].startswith("ELBSecurityPolicy-TLS13")
     for tg in creates["aws_lb_target_group"]:
         [hc] = tg["change"]["after"]["health_check"]
         assert (hc["protocol"], hc["port"], hc["path"]) == ("HTTP", "9644", "/readyz")
@@ -496,6 +511,7 @@ def test_complete_example_with_existing_etcd_runs_the_documented_command(tf_tree
             "advertised_host": "kafka.example.internal",
             "etcd_existing_endpoints": ["10.0.1.10:2379", "10.0.2.10:2379"],
             "container_image": "123456789012.dkr.ecr.us-east-1.amazonaws.com/stratalog:1.0",
+            "security_protocol": "PLAINTEXT",  # the explicit opt-out: the plain command
         },
         tmp_path,
     )
@@ -530,3 +546,62 @@ def test_complete_example_with_existing_etcd_runs_the_documented_command(tf_tree
     )
     assert outputs["etcd_endpoints"]["value"] == ["10.0.1.10:2379", "10.0.2.10:2379"]
     assert outputs["s3_bucket_id"]["value"] == "stratalog-demo-data"
+
+
+CERT_ARN = "arn:aws:acm:us-east-1:123456789012:certificate/0a1b2c3d-4e5f-6789-abcd-ef0123456789"
+
+
+def test_the_default_gateways_authenticate_and_set_the_admin_password_first(tf_tree, tf_env, moto_url, tmp_path):
+    """SASL_SSL by default: each container sets the admin user's SCRAM password from the
+    secret, then runs a SASL listener with ACLs on. The generated shell line is run here with
+    a stand-in `stratalog` that records what it was given."""
+    import shlex
+    import stat
+    import subprocess
+
+    plan = _plan_json(
+        tf_tree / "examples/complete",
+        tf_env,
+        {**_emulator_vars(moto_url), "public_subnet_ids": [], "advertised_host": "kafka.example.internal",
+         "bucket_name": "stratalog-demo-data", "etcd_existing_endpoints": ["10.0.1.10:2379"],
+         "tls_certificate_arn": CERT_ARN},
+        tmp_path,
+    )
+    creates = _creates(plan)
+    [secret] = creates["aws_secretsmanager_secret"]
+    # The task definition names the secret by its ARN, known only after apply; the command is
+    # known now (the same locals build both).
+    commands = plan["planned_values"]["outputs"]["gateways_container_commands"]["value"]
+    sh, dash_c, line = commands[1]
+    assert (sh, dash_c) == ("sh", "-c")
+    [task] = [rc for rc in creates["aws_ecs_task_definition"]
+              if rc["change"]["after"]["family"].endswith("-gateway-1")]
+    assert task["change"]["after_unknown"]["container_definitions"] is True  # it holds the secret's ARN
+
+    fake = tmp_path / "bin" / "stratalog"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$RECORD.$1"\n[ "$1" = users ] && cat > "$RECORD.stdin"\nexit 0\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    record = tmp_path / "record"
+    env = {"PATH": f"{fake.parent}:/usr/bin:/bin", "RECORD": str(record),
+           "STRATALOG_ADMIN_PASSWORD": "pw with 'quotes' and $dollars"}
+    subprocess.run(["sh", "-c", line], env=env, check=True, timeout=30)
+    users = Path(f"{record}.users").read_text().splitlines()
+    assert users == ["users", "add", "admin", "--password-file", "-", "--coordinator", "etcd://10.0.1.10:2379"]
+    assert Path(f"{record}.stdin").read_text() == "pw with 'quotes' and $dollars"
+    serve = Path(f"{record}.serve").read_text().splitlines()
+    assert serve[:2] == ["serve", "--listen"] and "--broker-id" in serve and serve[serve.index("--broker-id") + 1] == "1"
+    settings = [serve[i + 1] for i, a in enumerate(serve) if a == "--set"]
+    assert settings == ["listeners=SASL_PLAINTEXT://0.0.0.0:9092",
+                        "advertised.listeners=SASL_PLAINTEXT://kafka.example.internal:9093",
+                        "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                        "super.users=User:admin"]
+    assert shlex.split(line)[0] == "printf"  # one shell line of quoted words
+    assert secret["change"]["after"]["name_prefix"].startswith("stratalog")
+    assert "gateways_admin_secret_arn" in plan["output_changes"]
+
+
+def test_sasl_ssl_without_a_certificate_is_refused_at_plan(tf_tree, tf_env, moto_url, tmp_path):
+    proc = _tf_plan_failure(tf_tree / "examples/complete", tf_env,
+                            {**_emulator_vars(moto_url), "etcd_existing_endpoints": ["10.0.1.10:2379"]}, tmp_path)
+    assert "needs tls_certificate_arn" in proc

@@ -18,6 +18,7 @@ provider "aws" {
       iam            = endpoints.value
       kms            = endpoints.value
       s3             = endpoints.value
+      secretsmanager = endpoints.value
       ssm            = endpoints.value
       sts            = endpoints.value
     }
@@ -49,6 +50,11 @@ module "stratalog" {
   gateway_count   = 3
   container_image = var.container_image
   advertised_host = var.advertised_host
+
+  # Clients authenticate with SASL over TLS that the load balancer terminates with this
+  # certificate; the admin user's password is in the secret named by gateways_admin_secret_arn.
+  security_protocol   = var.security_protocol
+  tls_certificate_arn = var.tls_certificate_arn
 
   create_etcd             = length(var.etcd_existing_endpoints) == 0
   etcd_existing_endpoints = var.etcd_existing_endpoints

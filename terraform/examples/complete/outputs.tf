@@ -32,3 +32,13 @@ output "etcd_endpoints" {
   description = "Client endpoints of the etcd cluster"
   value       = module.stratalog.etcd_endpoints
 }
+
+output "gateways_admin_secret_arn" {
+  description = "Secret holding the admin user's password (aws secretsmanager get-secret-value --secret-id ...)"
+  value       = module.stratalog.gateways_admin_secret_arn
+}
+
+output "gateways_container_commands" {
+  description = "What each gateway container runs"
+  value       = module.stratalog.gateways_container_commands
+}

@@ -73,3 +73,15 @@ variable "skip_aws_checks" {
   type        = bool
   default     = false
 }
+
+variable "security_protocol" {
+  description = "SASL_SSL (TLS at the load balancer), SASL_PLAINTEXT or PLAINTEXT"
+  type        = string
+  default     = "SASL_SSL"
+}
+
+variable "tls_certificate_arn" {
+  description = "ACM certificate for advertised_host, needed for SASL_SSL"
+  type        = string
+  default     = null
+}

@@ -22,6 +22,76 @@ locals {
   environment = [
     for k, v in merge({ AWS_REGION = data.aws_region.current.name }, var.environment) : { name = k, value = v }
   ]
+
+  # With SASL the gateway listens for SASL_PLAINTEXT; for SASL_SSL the load balancer adds TLS.
+  sasl               = var.security_protocol != "PLAINTEXT"
+  lb_tls             = var.security_protocol == "SASL_SSL"
+  admin_password_env = "STRATALOG_ADMIN_PASSWORD"
+  acl_args = local.sasl && var.acls_enabled ? [
+    "--set", "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+    "--set", "super.users=User:${var.admin_user}",
+  ] : []
+  serve_args = [
+    for i in range(local.create ? var.gateway_count : 0) : concat(
+      [
+        "serve",
+        "--listen", "0.0.0.0:${var.kafka_port}",
+        "--http", "0.0.0.0:${var.metrics_port}",
+        "--data-dir", "/var/lib/stratalog",
+        "--advertised", local.advertised_addresses[i],
+        "--coordinator", coalesce(var.coordinator_url, "unset"),
+        "--object-store", coalesce(var.object_store_url, "unset"),
+        "--broker-id", tostring(local.broker_ids[i]),
+      ],
+      local.sasl ? [
+        "--set", "listeners=SASL_PLAINTEXT://0.0.0.0:${var.kafka_port}",
+        "--set", "advertised.listeners=SASL_PLAINTEXT://${local.advertised_addresses[i]}",
+      ] : [],
+      local.acl_args,
+      var.extra_args,
+    )
+  ]
+  # With SASL the container first (re)sets the admin user's SCRAM credential from the secret,
+  # then becomes the gateway: a shell line of single-quoted words.
+  sasl_commands = [
+    for args in local.serve_args : join(" ", concat(
+      ["printf '%s' \"$STRATALOG_ADMIN_PASSWORD\" | stratalog users add", "'${replace(var.admin_user, "'", "'\\''")}'",
+      "--password-file - --coordinator", "'${coalesce(var.coordinator_url, "unset")}'", "&& exec stratalog"],
+      [for a in args : "'${replace(a, "'", "'\\''")}'"],
+    ))
+  ]
+}
+
+################################################################################
+# The admin user's password, generated once and kept in Secrets Manager
+################################################################################
+
+data "aws_secretsmanager_random_password" "admin" {
+  count = local.create && local.sasl ? 1 : 0
+
+  password_length     = 32
+  exclude_punctuation = true
+}
+
+resource "aws_secretsmanager_secret" "admin" {
+  count = local.create && local.sasl ? 1 : 0
+
+  name_prefix = "${var.name}-admin-"
+  description = "Password of the Stratalog SCRAM user ${var.admin_user}"
+
+  tags = var.tags
+}
+
+resource "aws_secretsmanager_secret_version" "admin" {
+  count = local.create && local.sasl ? 1 : 0
+
+  secret_id     = aws_secretsmanager_secret.admin[0].id
+  secret_string = data.aws_secretsmanager_random_password.admin[0].random_password
+
+  # Generated once: a later plan's new random value must not replace the password in use.
+  lifecycle {
+    ignore_changes = [secret_string]
+  }
 }
 
 ################################################################################
@@ -85,6 +155,23 @@ resource "aws_iam_role_policy_attachment" "execution" {
   policy_arn = "arn:${data.aws_partition.current.partition}:iam::aws:policy/service-role/AmazonECSTaskExecutionRolePolicy"
 }
 
+data "aws_iam_policy_document" "admin_secret" {
+  count = local.create && var.create_execution_role && local.sasl ? 1 : 0
+
+  statement {
+    actions   = ["secretsmanager:GetSecretValue"]
+    resources = [aws_secretsmanager_secret.admin[0].arn]
+  }
+}
+
+resource "aws_iam_role_policy" "admin_secret" {
+  count = local.create && var.create_execution_role && local.sasl ? 1 : 0
+
+  name_prefix = "admin-secret-"
+  role        = aws_iam_role.execution[0].id
+  policy      = data.aws_iam_policy_document.admin_secret[0].json
+}
+
 ################################################################################
 # Network load balancer: one listener port and one target group per gateway
 ################################################################################
@@ -141,7 +228,9 @@ resource "aws_lb_listener" "this" {
 
   load_balancer_arn = aws_lb.this[0].arn
   port              = local.listener_ports[count.index]
-  protocol          = "TCP"
+  protocol          = local.lb_tls ? "TLS" : "TCP"
+  certificate_arn   = local.lb_tls ? var.tls_certificate_arn : null
+  ssl_policy        = local.lb_tls ? var.tls_policy : null
 
   default_action {
     type             = "forward"
@@ -149,6 +238,13 @@ resource "aws_lb_listener" "this" {
   }
 
   tags = var.tags
+
+  lifecycle {
+    precondition {
+      condition     = !local.lb_tls || var.tls_certificate_arn != null
+      error_message = "security_protocol SASL_SSL needs tls_certificate_arn (an ACM certificate for advertised_host), or choose SASL_PLAINTEXT or PLAINTEXT."
+    }
+  }
 }
 
 ################################################################################
@@ -184,20 +280,11 @@ resource "aws_ecs_task_definition" "this" {
       name       = "gateway"
       image      = var.container_image
       essential  = true
-      entryPoint = ["stratalog"]
-      command = concat(
-        [
-          "serve",
-          "--listen", "0.0.0.0:${var.kafka_port}",
-          "--http", "0.0.0.0:${var.metrics_port}",
-          "--data-dir", "/var/lib/stratalog",
-          "--advertised", local.advertised_addresses[count.index],
-          "--coordinator", var.coordinator_url,
-          "--object-store", var.object_store_url,
-          "--broker-id", tostring(local.broker_ids[count.index]),
-        ],
-        var.extra_args,
-      )
+      entryPoint = local.sasl ? ["sh", "-c"] : ["stratalog"]
+      command    = local.sasl ? [local.sasl_commands[count.index]] : local.serve_args[count.index]
+      secrets = local.sasl ? [
+        { name = local.admin_password_env, valueFrom = aws_secretsmanager_secret.admin[0].arn },
+      ] : []
       portMappings = [
         { name = "kafka", containerPort = var.kafka_port, protocol = "tcp" },
         { name = "metrics", containerPort = var.metrics_port, protocol = "tcp" },

@@ -62,3 +62,20 @@ output "gateways_execution_role_arn" {
   description = "ARN of the task execution role"
   value       = local.create ? local.execution_role_arn : null
 }
+
+output "gateways_admin_secret_arn" {
+  description = "ARN of the Secrets Manager secret holding admin_user's password (null without SASL)"
+  value       = try(aws_secretsmanager_secret.admin[0].arn, null)
+}
+
+output "gateways_security_protocol" {
+  description = "The security.protocol Kafka clients set to reach the gateways"
+  value       = var.security_protocol
+}
+
+output "gateways_container_commands" {
+  description = "Entry point and arguments of each gateway's container, in broker id order"
+  value = [
+    for i in range(length(local.serve_args)) : local.sasl ? ["sh", "-c", local.sasl_commands[i]] : concat(["stratalog"], local.serve_args[i])
+  ]
+}

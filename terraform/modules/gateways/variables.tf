@@ -228,3 +228,38 @@ variable "tags" {
   type        = map(string)
   default     = {}
 }
+
+variable "security_protocol" {
+  description = "How clients reach the gateways: SASL_SSL (TLS at the load balancer with tls_certificate_arn, SCRAM or PLAIN users), SASL_PLAINTEXT (SASL without TLS, for private networks) or PLAINTEXT (no authentication at all)"
+  type        = string
+  default     = "SASL_SSL"
+
+  validation {
+    condition     = contains(["SASL_SSL", "SASL_PLAINTEXT", "PLAINTEXT"], var.security_protocol)
+    error_message = "The security_protocol must be SASL_SSL, SASL_PLAINTEXT or PLAINTEXT."
+  }
+}
+
+variable "tls_certificate_arn" {
+  description = "ACM certificate of the load balancer's TLS listeners (needed for SASL_SSL); its name should match advertised_host"
+  type        = string
+  default     = null
+}
+
+variable "tls_policy" {
+  description = "TLS security policy of the load balancer's TLS listeners"
+  type        = string
+  default     = "ELBSecurityPolicy-TLS13-1-2-2021-06"
+}
+
+variable "acls_enabled" {
+  description = "Enforce Kafka ACLs (with SASL): only admin_user, a super user, may do anything until ACLs grant more"
+  type        = bool
+  default     = true
+}
+
+variable "admin_user" {
+  description = "SCRAM user each gateway creates at start, with the password the module keeps in Secrets Manager; a super user when ACLs are on"
+  type        = string
+  default     = "admin"
+}
