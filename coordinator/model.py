@@ -96,6 +96,9 @@ class SegmentEntry:
     leader_epoch: int
     # Idempotent producer state as of last_offset: {producer_id: {...}}; opaque here.
     producers: dict[str, Any] = field(default_factory=dict)
+    # Transactions aborted by markers in this segment, listed in its `.txnindex` (none: 0,
+    # and no such object).
+    aborted_txns: int = 0
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,9 @@ Keys live under `/stratalog/<cluster>/` as model.py lists them, values are compa
     users/<user>/<mechanism>          -> a SCRAM credential (salt, iterations, stored and
                                          server keys, base64): never a password
     acls/<digest>                     -> one ACL binding (digest: SHA-256 of its fields)
+    transactions/<transactional id>   -> a transaction's state (coordinator.transactions)
+    groups/<group>/txn/<producer id>  -> offsets a transaction committed for the group,
+                                         applied to its offsets when it commits
 
 `keyspace_version` versions every key and value here, the idempotent producer snapshot in
 segment entries (gateway.producers) included: a change to any of them bumps
@@ -57,6 +60,7 @@ from stratalog.coordinator.kv import (
 from stratalog.coordinator.model import (
     AclBinding, CommittedOffset, Fenced, LogState, PartitionState, ScramCredential, SegmentEntry, TopicExists,
     TopicInfo, UnknownTopic, WalObject, WalRange)
+from stratalog.coordinator.transactions import TxnState
 
 TP = tuple[uuid.UUID, int]
 
@@ -137,7 +141,8 @@ def _segment_json(s: SegmentEntry) -> bytes:
     return _dumps({"base_offset": s.base_offset, "last_offset": s.last_offset,
                    "key_base": s.key_base, "size": s.size, "min_timestamp": s.min_timestamp,
                    "max_timestamp": s.max_timestamp, "leader_epoch": s.leader_epoch,
-                   "producers": s.producers})
+                   "producers": s.producers,
+                   **({"aborted_txns": s.aborted_txns} if s.aborted_txns else {})})
 
 
 def _segment(key: str, value: bytes) -> SegmentEntry:
@@ -145,7 +150,8 @@ def _segment(key: str, value: bytes) -> SegmentEntry:
     try:
         return SegmentEntry(int(d["base_offset"]), int(d["last_offset"]), str(d["key_base"]),
                             int(d["size"]), int(d["min_timestamp"]), int(d["max_timestamp"]),
-                            int(d["leader_epoch"]), dict(d.get("producers") or {}))
+                            int(d["leader_epoch"]), dict(d.get("producers") or {}),
+                            int(d.get("aborted_txns", 0)))
     except _BAD as e:
         raise CoordinatorError(f"corrupt segment entry at {key}: {e!r}") from None
 
@@ -963,6 +969,75 @@ class KVClusterStore:
         names = {unquote(key[len(base):].split("/", 1)[0])
                  for key, _, _ in await self.kv.range(base)}
         return sorted(names)
+
+    def _pending_key(self, group: str, producer_id: int) -> str:
+        return f"{self._group_prefix(group)}txn/{producer_id}"
+
+    async def put_pending_offsets(self, group: str, producer_id: int,
+                                  offsets: dict[tuple[str, int], CommittedOffset]) -> None:
+        """Offsets a transaction commits for a group: kept aside until it ends (a later
+        commit in the same transaction replaces a partition's earlier one)."""
+        key = self._pending_key(group, producer_id)
+        while True:
+            got = await self.kv.get(key)
+            merged = {} if got is None else _loads(key, got[0])
+            merged.update({f"{_q(t)}/{p}": _loads(key, _offset_json(o)) for (t, p), o in offsets.items()})
+            if await self.kv.txn([mod_is(key, got[1] if got else 0)], [Put(key, _dumps(merged))]):
+                return
+
+    async def pending_offsets(self, group: str) -> dict[int, dict[tuple[str, int], CommittedOffset]]:
+        """Offsets of transactions not yet ended, by producer id (OffsetFetch's require_stable)."""
+        base = self._group_prefix(group) + "txn/"
+        return {_int(key, key[len(base):].encode()): self._decode_pending(key, value)
+                for key, value, _ in await self.kv.range(base)}
+
+    def _decode_pending(self, key: str, value: bytes) -> dict[tuple[str, int], CommittedOffset]:
+        out = {}
+        for tp, o in _loads(key, value).items():
+            topic, _, p = tp.rpartition("/")
+            out[(unquote(topic), int(p))] = _offset(key, _dumps(o))
+        return out
+
+    async def end_pending_offsets(self, group: str, producer_id: int, commit: bool) -> None:
+        """Apply (commit) or drop (abort) a transaction's offsets for a group. Done again
+        after a crash it changes nothing more: the pending key is gone once applied."""
+        key = self._pending_key(group, producer_id)
+        got = await self.kv.get(key)
+        if got is None:
+            return
+        ops: list[Op] = [Delete(key)]
+        if commit:
+            ops += [Put(self._offset_key(group, t, p), _offset_json(o))
+                    for (t, p), o in sorted(self._decode_pending(key, got[0]).items())]
+        if len(ops) <= self.kv.max_txn_ops and request_bytes([], ops) <= self._budget:
+            await self.kv.txn([mod_is(key, got[1])], ops)
+        else:  # offsets first, the pending key last: a crash in between applies them again
+            await self._batched(ops[1:])
+            await self.kv.txn([mod_is(key, got[1])], ops[:1])
+
+    # --- transactions --------------------------------------------------------------------
+
+    def _txn_key(self, transactional_id: str) -> str:
+        return self._k(f"transactions/{_q(transactional_id)}")
+
+    async def transaction(self, transactional_id: str) -> tuple[TxnState, int] | None:
+        """A transactional id's state and the revision to compare-and-swap against."""
+        key = self._txn_key(transactional_id)
+        got = await self.kv.get(key)
+        return None if got is None else (TxnState.from_json(key, got[0]), got[1])
+
+    async def put_transaction(self, state: TxnState, revision: int) -> bool:
+        """Write a state if the key is still at `revision` (0: absent); False if not."""
+        key = self._txn_key(state.transactional_id)
+        return await self.kv.txn([mod_is(key, revision)], [Put(key, state.to_json())])
+
+    async def transactions(self) -> list[tuple[TxnState, int]]:
+        return [(TxnState.from_json(k, v), rev)
+                for k, v, rev in await self.kv.range(self._k("transactions/"))]
+
+    async def watch_transactions(self) -> Watch:
+        """Changes to transaction states, from now on (read `transactions()` after)."""
+        return await self.kv.watch_prefix(self._k("transactions/"))
 
     # --- producer ids --------------------------------------------------------------------
 

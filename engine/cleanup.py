@@ -25,11 +25,13 @@ log = logging.getLogger(__name__)
 
 SWAPPED_OBJECT_GRACE_S = 30.0
 SEGMENT_EXTENSIONS = (layout.LOG, layout.INDEX, layout.TIMEINDEX)
+# Every object a segment may have: the .txnindex exists only where aborts were sealed.
+SEGMENT_OBJECTS = (*SEGMENT_EXTENSIONS, layout.TXNINDEX)
 
 
 def segment_base(key: str) -> str | None:
     """The key base of a segment object key, or None for anything else."""
-    for ext in SEGMENT_EXTENSIONS:
+    for ext in SEGMENT_OBJECTS:
         if key.endswith(ext):
             return key[:-len(ext)]
     return None
@@ -104,7 +106,7 @@ class Cleaner:
         await self.store.delete_segments(plog.topic_id, plog.partition, [s.base_offset for s in gone])
         plog.sealed = [s for s in plog.sealed if s.last_offset >= offset]
         await self.sealer.write_manifest(plog)
-        await self.objects.delete([s.key_base + ext for s in gone for ext in SEGMENT_EXTENSIONS])
+        await self.objects.delete([s.key_base + ext for s in gone for ext in SEGMENT_OBJECTS])
 
     # ---- compaction swaps --------------------------------------------------------------
 
@@ -157,7 +159,7 @@ class Cleaner:
 
     async def _delete_later(self, bases: list[str]) -> None:
         await asyncio.sleep(self.swap_grace_s)
-        await self.objects.delete([b + ext for b in bases for ext in SEGMENT_EXTENSIONS])
+        await self.objects.delete([b + ext for b in bases for ext in SEGMENT_OBJECTS])
         self._swapped_bases.difference_update(bases)
 
     def _segment_lock(self, key: tuple[str, int]) -> asyncio.Lock:

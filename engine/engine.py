@@ -17,10 +17,11 @@ from typing import Any, Awaitable, Callable, Iterator
 
 from stratalog.coordinator.model import ClusterStore, SegmentEntry, TopicInfo
 from stratalog.tiering import layout
-from stratalog.tiering.batch import CorruptBatch, decode_records, split_batches
+from stratalog.tiering.batch import BatchHeader, CorruptBatch, decode_records, split_batches
 from stratalog.tiering.errors import CorruptObject
 from stratalog.tiering.objectstore.base import ObjectStore
 from stratalog.tiering.remote import RemoteCache
+from stratalog.tiering.txn import AbortedTxn, marker_batch
 
 from .cleanup import Cleaner
 from .errors import (CorruptLog, FencedLeaderEpoch, InvalidRecord, NotLeader, RecordTooLarge,
@@ -239,11 +240,33 @@ class LogEngine:
         for h, view in batches:
             if h.size > max_bytes:
                 raise RecordTooLarge(f"batch of {h.size} bytes exceeds max.message.bytes {max_bytes}")
-            if h.is_transactional or h.is_control:
-                raise InvalidRecord("transactional batches are not supported")
+            if h.is_control:
+                raise InvalidRecord("clients may not write control batches (transaction markers)")
+            if h.is_transactional and h.producer_id < 0:
+                raise InvalidRecord("a transactional batch needs a producer id")
             if compacted and any(r.key is None for r in decode_records(view)):
                 raise InvalidRecord("compacted topic requires a key on every record")
         return batches
+
+    def write_marker(self, topic: str, partition: int, producer_id: int, producer_epoch: int, *,
+                     commit: bool, coordinator_epoch: int = 0) -> Awaitable[None]:
+        """End a producer's transaction on a partition led here with a commit or abort
+        marker (fenced by the leader epoch through the WAL commit like any append); the
+        result completes once the marker is committed. A marker for a transaction not open
+        here (never written to, or ended already) appends nothing and completes when what
+        is appended so far is committed; one from an epoch older than the producer's
+        appends nothing."""
+        plog = self.leader(topic, partition)
+        known = plog.producers.producers.get(producer_id)
+        if producer_id not in plog.txns.open or (known is not None and producer_epoch < known.epoch):
+            return self._committed_past(plog, plog.next_offset - 1)
+        batch = marker_batch(producer_id, producer_epoch, commit=commit,
+                             coordinator_epoch=coordinator_epoch, timestamp_ms=self.now_ms())
+        h = BatchHeader.parse(batch, 0)
+        data, stored = plog.append(memoryview(batch), h, now_ms=self.now_ms(), log_append_time=False)
+        commit_done = self.wal.add(plog, stored.base_offset, stored.last_offset, stored.max_timestamp, data)
+        self.sealer.maybe_roll(plog)
+        return commit_done
 
     async def _committed_past(self, plog: PartitionLog, last_offset: int) -> None:
         """A retried batch's commit: done when the original is committed, failed when the
@@ -278,18 +301,30 @@ class LogEngine:
 
     # ---- read path ---------------------------------------------------------------------
 
-    async def read(self, view: PartitionView, offset: int, max_bytes: int) -> bytes:
+    async def read(self, view: PartitionView, offset: int, max_bytes: int, *,
+                   read_committed: bool = False) -> bytes:
         """Whole committed batches from the one holding `offset`: at least one, then more
-        while they fit in `max_bytes`. A damaged object raises CorruptLog: its bytes are never
-        served, and only this partition's read fails."""
+        while they fit in `max_bytes`; with `read_committed`, none from the last stable
+        offset on. A damaged object raises CorruptLog: its bytes are never served, and only
+        this partition's read fails."""
         with _damage_refused(view):
+            if read_committed:
+                assert isinstance(view, PartitionLog)  # replicas refuse read_committed reads
+                return await view.read(offset, max_bytes, self.cache, view.last_stable_offset)
             return await view.read(offset, max_bytes, self.cache)
 
-    async def list_offset(self, plog: PartitionLog, timestamp: int) -> tuple[int, int] | None:
-        """(offset, timestamp) for ListOffsets: LATEST (-1) and EARLIEST (-2) with timestamp
-        -1, MAX_TIMESTAMP (-3), or the first record at or after a timestamp; None if none."""
+    @staticmethod
+    def aborted_transactions(plog: PartitionLog, offset: int) -> list[AbortedTxn]:
+        """Aborted transactions a read_committed fetch from `offset` must skip."""
+        return plog.txns.aborted_between(offset, plog.last_stable_offset)
+
+    async def list_offset(self, plog: PartitionLog, timestamp: int, *,
+                          read_committed: bool = False) -> tuple[int, int] | None:
+        """(offset, timestamp) for ListOffsets: LATEST (-1; the last stable offset for
+        read_committed) and EARLIEST (-2) with timestamp -1, MAX_TIMESTAMP (-3), or the
+        first record at or after a timestamp; None if none."""
         if timestamp == LATEST:
-            return plog.high_watermark, -1
+            return (plog.last_stable_offset if read_committed else plog.high_watermark), -1
         if timestamp == EARLIEST:
             return plog.log_start_offset, -1
         with _damage_refused(plog):
@@ -357,7 +392,8 @@ class LogEngine:
         await self.cleaner.collect_segment_orphans()
         now_ms = self.now_ms()
         for plog in self.logs.values():
-            plog.producers.expire(now_ms, self.settings.producer_id_expiration_ms)
+            plog.producers.expire(now_ms, self.settings.producer_id_expiration_ms, keep=plog.txns.open)
+            plog.txns.forget_before(plog.log_start_offset)
 
 
 @contextlib.contextmanager

@@ -25,10 +25,12 @@ from stratalog.tiering.objectstore.base import ObjectStore
 from stratalog.tiering.remote import RemoteCache
 from stratalog.tiering.sealed import Get, SegmentObject, Take, read_async, walk
 from stratalog.tiering.segment import ActiveSegment
+from stratalog.tiering.txn import AbortedTxn, decode_txnindex, encode_txnindex, marker_commits
 from stratalog.tiering.wal import check_version as check_wal_version
 
 from .errors import CorruptLog, NotLeader
 from .producers import BatchMeta, OutOfOrderSequence, ProducerTable
+from .transactions import PartitionTxns
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,9 @@ class PartitionLog:
         # count from the recovery, which is when this log first held them.
         self.active_since_ms = now_ms
         self.producers = ProducerTable()
+        self.txns = PartitionTxns()
+        # The .txnindex of each rolled segment that holds abort markers, by base offset.
+        self.txn_indexes: dict[int, bytes] = {}
         self._appended_producers: set[int] = set()  # producer ids appended to since recovery
         # (leader epoch, first offset) in offset order, for OffsetForLeaderEpoch
         self.epochs: list[tuple[int, int]] = []
@@ -87,6 +92,8 @@ class PartitionLog:
         if p.sealed:
             last = p.sealed[-1]
             p.producers = ProducerTable.restore(last.producers)
+            p.txns.restore({pid: e["txn"] for pid, e in last.producers.items() if "txn" in e},
+                           await _sealed_aborts(p.sealed, state.log_start_offset, objects))
             start = last.last_offset + 1
             for s in p.sealed:
                 p._note_epoch(s.leader_epoch, s.base_offset)
@@ -116,23 +123,35 @@ class PartitionLog:
                                                     index_interval_bytes=index_interval_bytes,
                                                     now_ms=now_ms)
                 p.active.append(memoryview(data)[pos:pos + h.size], h)
-                p._replayed(h)
+                p._replayed(h, memoryview(data)[pos:pos + h.size])
                 p.next_offset = h.last_offset + 1
         if p.next_offset < state.high_watermark:
             raise CorruptLog(f"{topic}-{partition}: replayed up to offset {p.next_offset} but the "
                              f"coordinator has committed up to {state.high_watermark}")
         p.high_watermark = p.next_offset
+        p.txns.committed(p.high_watermark)  # every replayed marker is committed
         p._note_epoch(leader_epoch, p.next_offset)
         return p
 
-    def _replayed(self, h: BatchHeader) -> None:
+    def _replayed(self, h: BatchHeader, batch: memoryview) -> None:
         self._note_epoch(h.partition_leader_epoch, h.base_offset)
-        if h.producer_id >= 0 and not h.is_control:
-            # Stamped with the recovery time, not the records' timestamps: like an append
-            # (and the segment snapshots), the table notes when a leader last heard from
-            # the producer, which idle expiry counts from. Records may carry any CreateTime.
-            self.producers.record(h.producer_id, h.producer_epoch, h.base_sequence,
-                                  h.last_offset_delta + 1, h.base_offset, h.last_offset, self.now_ms)
+        # Stamped with the recovery time, not the records' timestamps: like an append (and
+        # the segment snapshots), the table notes when a leader last heard from the
+        # producer, which idle expiry counts from. Records may carry any CreateTime.
+        self._track_producer(h, batch, h.base_offset, h.last_offset, self.now_ms)
+
+    def _track_producer(self, h: BatchHeader, batch: memoryview, base: int, last: int, now_ms: int) -> None:
+        """Producer and transaction state after a batch landed at base..last."""
+        if h.producer_id < 0:
+            return
+        if h.is_control:
+            self.producers.fence(h.producer_id, h.producer_epoch, now_ms)
+            self.txns.marker(h.producer_id, base, marker_commits(batch, h))
+            return
+        self.producers.record(h.producer_id, h.producer_epoch, h.base_sequence,
+                              h.last_offset_delta + 1, base, last, now_ms)
+        if h.is_transactional:
+            self.txns.data(h.producer_id, base)
 
     def _note_epoch(self, epoch: int, offset: int) -> None:
         if epoch < 0:
@@ -183,8 +202,7 @@ class PartitionLog:
         self.active.append(data, stored)
         self.next_offset = stored.last_offset + 1
         if h.producer_id >= 0:
-            self.producers.record(h.producer_id, h.producer_epoch, h.base_sequence,
-                                  h.last_offset_delta + 1, base, stored.last_offset, now_ms)
+            self._track_producer(h, batch, base, stored.last_offset, now_ms)
             self._appended_producers.add(h.producer_id)
         return data, stored
 
@@ -192,6 +210,13 @@ class PartitionLog:
         """The coordinator holds everything below end_offset."""
         if end_offset > self.high_watermark:
             self.high_watermark = end_offset
+            self.txns.committed(end_offset)
+
+    @property
+    def last_stable_offset(self) -> int:
+        """Where read_committed consumers stop: the first offset of the oldest transaction
+        not yet decided and committed, or the high watermark."""
+        return self.txns.last_stable_offset(self.high_watermark)
 
     def roll(self, now_ms: int) -> ActiveSegment | None:
         """Start a new active segment; the old one waits in `rolled` for upload, with the
@@ -202,13 +227,20 @@ class PartitionLog:
         self.active = ActiveSegment.create(self.directory, self.next_offset,
                                            index_interval_bytes=self.index_interval_bytes, now_ms=now_ms)
         self.rolled.append(old)
-        self.producer_snapshots[old.base_offset] = self.producers.snapshot()
+        snapshot = self.producers.snapshot()
+        for pid, first in self.txns.snapshot().items():
+            snapshot[pid]["txn"] = first  # kept in the table while open (see expire)
+        self.producer_snapshots[old.base_offset] = snapshot
+        aborted = self.txns.aborted_in(old.base_offset, old.next_offset)
+        if aborted:
+            self.txn_indexes[old.base_offset] = encode_txnindex(aborted)
         return old
 
     def segment_uploaded(self, seg: ActiveSegment, entry: SegmentEntry) -> None:
         self.sealed.append(entry)
         self.rolled.remove(seg)
         self.producer_snapshots.pop(seg.base_offset, None)
+        self.txn_indexes.pop(seg.base_offset, None)
         seg.delete()
 
     # ---- read path ---------------------------------------------------------------------
@@ -219,20 +251,22 @@ class PartitionLog:
                 return seg
         return None
 
-    async def read(self, offset: int, max_bytes: int, cache: RemoteCache) -> bytes:
+    async def read(self, offset: int, max_bytes: int, cache: RemoteCache, end: int | None = None) -> bytes:
         """Whole committed batches from the one containing `offset`: at least one batch,
-        then more while they fit in max_bytes."""
-        if offset >= self.high_watermark or offset < self.log_start_offset:
+        then more while they fit in max_bytes; none from `end` on (default: the high
+        watermark; read_committed passes the last stable offset)."""
+        end = self.high_watermark if end is None else min(end, self.high_watermark)
+        if offset >= end or offset < self.log_start_offset:
             return b""
         seg = self.local_segment_for(offset)
         if seg is None:
-            data, offset = await read_sealed_log(cache, self.sealed, offset, max_bytes, self.high_watermark)
-            if data or offset >= self.high_watermark:
+            data, offset = await read_sealed_log(cache, self.sealed, offset, max_bytes, end)
+            if data or offset >= end:
                 return data
             seg = self.local_segment_for(offset)  # compaction emptied the sealed tail
             if seg is None:
                 return b""
-        return trim_batches(seg.read(offset, max_bytes), offset, self.high_watermark)
+        return trim_batches(seg.read(offset, max_bytes), offset, end)
 
     async def offset_for_timestamp(self, ts: int, cache: RemoteCache) -> tuple[int, int] | None:
         """(offset, timestamp) of the first committed record with timestamp >= ts."""
@@ -303,6 +337,18 @@ class PartitionLog:
         for seg in (*self.rolled, self.active):
             if seg is not None:
                 seg.close()
+
+
+async def _sealed_aborts(sealed: list[SegmentEntry], log_start_offset: int,
+                        objects: ObjectStore) -> list[AbortedTxn]:
+    """The aborted transactions listed by sealed segments' .txnindex objects."""
+    out: list[AbortedTxn] = []
+    for entry in sealed:
+        if entry.aborted_txns and entry.last_offset >= log_start_offset:
+            key = entry.key_base + layout.TXNINDEX
+            out += [a for a in decode_txnindex(await objects.get(key), key)
+                    if a.last_offset >= log_start_offset]
+    return out
 
 
 def trim_batches(data: bytes, offset: int, high_watermark: int) -> bytes:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Container
 
 CACHED_BATCHES = 5
 MAX_SEQUENCE = 0x7FFFFFFF
@@ -87,8 +88,20 @@ class ProducerTable:
         entry.last_timestamp = timestamp
         entry.batches.append(BatchMeta(first_seq, _last_seq(first_seq, count), base_offset, last_offset))
 
-    def expire(self, now_ms: int, max_idle_ms: int) -> None:
-        for pid in [p for p, e in self.producers.items() if now_ms - e.last_timestamp > max_idle_ms]:
+    def fence(self, producer_id: int, epoch: int, timestamp: int) -> None:
+        """A transaction marker at `epoch`: batches of older epochs are refused from now
+        on (a bumped epoch starts its sequences anew)."""
+        entry = self.producers.get(producer_id)
+        if entry is None or epoch > entry.epoch:
+            self.producers[producer_id] = ProducerEntry(epoch, timestamp)
+        else:
+            entry.last_timestamp = timestamp
+
+    def expire(self, now_ms: int, max_idle_ms: int, keep: Container[int] = ()) -> None:
+        """Forget producers idle longer than max_idle_ms, except those in `keep` (producers
+        with a transaction open: their entry carries it into segment snapshots)."""
+        for pid in [p for p, e in self.producers.items()
+                    if now_ms - e.last_timestamp > max_idle_ms and p not in keep]:
             del self.producers[pid]
 
     def snapshot(self) -> dict:

@@ -3,8 +3,8 @@ in a partition manifest.
 
 A partition rolls its active segment at `segment.bytes`, or `segment.ms` after its first
 record. The rolled segment waits until the WAL has committed all of it (the high watermark
-passed its end), is uploaded as `<base>.log`, `.index` and `.timeindex` under a unique key
-base, and its segment entry is committed under the leader epoch, which replaces the WAL
+passed its end), is uploaded as `<base>.log`, `.index`, `.timeindex` (and `.txnindex` when it holds abort
+markers) under a unique key base, and its segment entry is committed under the leader epoch, which replaces the WAL
 ranges it covers. Only then is it dropped locally and a new manifest written. Uploads that
 are never committed are invisible; `cleanup.Cleaner` collects them.
 """
@@ -22,6 +22,7 @@ from stratalog.tiering import layout
 from stratalog.tiering.manifest import SegmentRecord, write_manifest
 from stratalog.tiering.objectstore.base import ObjectStore
 from stratalog.tiering.segment import ActiveSegment
+from stratalog.tiering.txn import ENTRY_SIZE
 
 from .partition import PartitionLog
 
@@ -128,9 +129,13 @@ class Sealer:
                 await self.objects.put_file(key_base + layout.LOG, Path(sealed.log_path))
                 await self.objects.put(key_base + layout.INDEX, sealed.index_bytes)
                 await self.objects.put(key_base + layout.TIMEINDEX, sealed.timeindex_bytes)
+                txnindex = plog.txn_indexes.get(seg.base_offset, b"")
+                if txnindex:
+                    await self.objects.put(key_base + layout.TXNINDEX, txnindex)
             entry = SegmentEntry(sealed.base_offset, sealed.last_offset, key_base, sealed.size,
                                  sealed.min_timestamp, sealed.max_timestamp, plog.leader_epoch,
-                                 plog.producer_snapshots.get(seg.base_offset, {}))
+                                 plog.producer_snapshots.get(seg.base_offset, {}),
+                                 aborted_txns=len(txnindex) // ENTRY_SIZE)
             await self.store.commit_segment(plog.topic_id, plog.partition, entry, plog.leader_epoch)
         finally:
             self.uploading_bases.discard(key_base)
@@ -146,11 +151,17 @@ class Sealer:
                 int(o.key.rsplit("/", 1)[1].split(".")[0]) for o in existing)
         version = self._manifest_versions[key] + 1
         self._manifest_versions[key] = version
-        records = [SegmentRecord(s.base_offset, s.last_offset, s.key_base, s.size, s.min_timestamp,
-                                 s.max_timestamp, s.leader_epoch) for s in plog.sealed]
+        records = [segment_record(s) for s in plog.sealed]
         data = write_manifest(plog.topic, plog.topic_id, plog.partition, version,
                               plog.log_start_offset, records)
         await self.objects.put(layout.manifest_key(plog.topic, plog.topic_id, plog.partition, version), data)
         old = [o.key for o in await self.objects.list(prefix)]
         if len(old) > MANIFESTS_KEPT:
             await self.objects.delete(sorted(old)[:-MANIFESTS_KEPT])
+
+
+def segment_record(s: SegmentEntry) -> SegmentRecord:
+    """A segment entry as manifests describe it (with its transaction fields)."""
+    open_txns = [e["txn"] for e in s.producers.values() if isinstance(e, dict) and "txn" in e]
+    return SegmentRecord(s.base_offset, s.last_offset, s.key_base, s.size, s.min_timestamp,
+                         s.max_timestamp, s.leader_epoch, s.aborted_txns, min(open_txns, default=-1))

@@ -1,5 +1,6 @@
 """One gateway's state, wired together: the topics as last loaded, membership and the
-controller, the log engine, topic administration and the group coordinator.
+controller, the log engine, topic administration, the group and transaction coordinators
+and the transaction markers.
 
 `Broker` owns the loops that keep them in step (cluster sync, maintenance timers) and the
 lookups handlers need; the work itself lives in the parts: `stratalog.engine` (partitions:
@@ -25,6 +26,7 @@ from .cluster import BrokerAddress, Controller, Membership, coordinator_index
 from .config import BrokerConfig
 from .groups import GroupCoordinator
 from .topic_admin import TopicAdmin, TopicTable
+from .transactions import MarkerWriter, TransactionCoordinator
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +90,15 @@ class Broker:
             store, initial_rebalance_delay_ms=config["group.initial.rebalance.delay.ms"],
             min_session_timeout_ms=config["group.min.session.timeout.ms"],
             max_session_timeout_ms=config["group.max.session.timeout.ms"])
+        self.transactions = TransactionCoordinator(
+            store, new_producer_id=self.next_producer_id, now_ms=self.now_ms,
+            max_timeout_ms=config["transaction.max.timeout.ms"],
+            prepared=lambda state: self.markers.kick(state))
+        self.markers = MarkerWriter(
+            store, self.engine, self.transactions, coordinates=self.is_coordinator_for,
+            partition_exists=lambda topic, p: 0 <= p < (self.partition_count(topic) or 0),
+            now_ms=self.now_ms,
+            abort_check_ms=config["transaction.abort.timed.out.transaction.cleanup.interval.ms"])
         self._tasks: list[asyncio.Task] = []
         self._producer_ids = (0, 0)  # next, end of the reserved block
         self._last_cleaning = 0.0
@@ -114,6 +125,7 @@ class Broker:
         await self._starting("collect uncommitted WAL objects", self.engine.collect_orphan_wal_objects)
         await self._starting("run the controller", self.controller.run_once)
         await self._starting("take leadership", lambda: self.sync_leadership(wait=True))
+        await self.markers.start()
         self._tasks.append(asyncio.create_task(self._maintenance(), name="maintenance"))
         self._tasks.append(asyncio.create_task(self._cluster_loop(), name="cluster"))
         self.started = True
@@ -125,6 +137,7 @@ class Broker:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.markers.stop()
         await self.engine.stop()
         await self.groups.stop()
         if self.authorizer is not None:

@@ -38,6 +38,16 @@ class PartitionSnapshot:
         return self.segments[-1].last_offset + 1 if self.segments else self.log_start_offset
 
     @property
+    def stable_end(self) -> int:
+        """Where read_committed reads stop: the first offset of the oldest transaction
+        still open where the sealed data ends, or the end of the sealed data."""
+        last = self.segments[-1].open_txn_offset if self.segments else -1
+        return last if last >= 0 else self.sealed_end
+
+    def end(self, read_committed: bool) -> int:
+        return self.stable_end if read_committed else self.sealed_end
+
+    @property
     def start(self) -> int:
         """First readable sealed offset."""
         if not self.segments:
@@ -164,6 +174,7 @@ class CoordinatorMetadata:
         from pathlib import Path
 
         from stratalog.coordinator import open_coordinator
+        from stratalog.engine.sealing import segment_record
 
         store = open_coordinator(self.url, Path(tempfile.gettempdir()))
         try:
@@ -174,9 +185,7 @@ class CoordinatorMetadata:
             for p in range(info.partitions):
                 state = await store.log_state(info.topic_id, p)
                 entries = await store.segments(info.topic_id, p)
-                records = tuple(SegmentRecord(e.base_offset, e.last_offset, e.key_base, e.size,
-                                              e.min_timestamp, e.max_timestamp, e.leader_epoch)
-                                for e in entries)
+                records = tuple(segment_record(e) for e in entries)
                 partitions[p] = PartitionSnapshot(p, state.log_start_offset, records)
             return TopicSnapshot(info.name, info.topic_id, partitions)
         finally:

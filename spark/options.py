@@ -81,6 +81,7 @@ class ReadOptions:
     read_chunk_bytes: int
     max_offsets_per_trigger: int | None
     partitions: frozenset[int] | None = None  # `assign`: only these; None: every partition
+    read_committed: bool = False  # kafka.isolation.level=read_committed
 
 
 class _Lower(dict):
@@ -231,4 +232,17 @@ def parse_options(options: Mapping[str, str], *, streaming: bool = False) -> Rea
         read_chunk_bytes=_positive(options, "readChunkBytes", 8 << 20),
         max_offsets_per_trigger=_positive(options, "maxOffsetsPerTrigger", None),
         partitions=partitions,
+        read_committed=_isolation(options),
     )
+
+
+ISOLATION_LEVELS = ("read_uncommitted", "read_committed")
+
+
+def _isolation(options: Mapping[str, str]) -> bool:
+    """kafka.isolation.level, named and defaulted as Spark's Kafka source does."""
+    level = str(options.get("kafka.isolation.level") or "read_uncommitted").lower()
+    if level not in ISOLATION_LEVELS:
+        raise OptionError(f"option kafka.isolation.level must be one of {', '.join(ISOLATION_LEVELS)}, "
+                          f"not {level!r}")
+    return level == "read_committed"

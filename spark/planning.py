@@ -23,6 +23,7 @@ from pyspark.sql.datasource import InputPartition
 
 from stratalog.tiering import layout
 from stratalog.tiering.index import OffsetIndex
+from stratalog.tiering.txn import AbortedTxn, decode_txnindex
 
 from stratalog.spark.metadata import PartitionSnapshot, TopicSnapshot
 from stratalog.spark.options import EARLIEST, LATEST, ReadOptions
@@ -56,11 +57,14 @@ class SegmentSlice(InputPartition):
     stop_ts: int | None = None
     fail_on_data_loss: bool = True
     chunk_bytes: int = 8 << 20
+    # read_committed: (producer id, first offset, abort marker offset) of the aborted
+    # transactions with records in the slice, whose batches are skipped.
+    aborted: tuple[tuple[int, int, int], ...] = ()
 
 
 def resolve_range(snap: PartitionSnapshot, options: ReadOptions, *, fail_on_data_loss: bool) -> tuple[int, int]:
     """[start, end) offsets of one partition that the offset options ask for."""
-    first, end_of_sealed = snap.start, snap.sealed_end
+    first, end_of_sealed = snap.start, snap.end(options.read_committed)
     wanted = options.starting.for_partition(snap.partition)
     if wanted == EARLIEST:
         start = first
@@ -90,6 +94,7 @@ def plan_partition(snap: PartitionSnapshot, topic: str, start: int, end: int,
     stop_ts = options.ending_timestamp.for_partition(snap.partition) if options.ending_timestamp else None
     slices = []
     seek_pending, stop_done = seek_ts is not None, False
+    aborted = aborted_transactions(snap, start, end, store) if options.read_committed else []
     for seg in snap.segments:
         if stop_done:
             break
@@ -109,9 +114,23 @@ def plan_partition(snap: PartitionSnapshot, topic: str, start: int, end: int,
             base_offset=seg.base_offset, last_offset=seg.last_offset, size=seg.size,
             min_timestamp=seg.min_timestamp, start_offset=max(start, seg.base_offset),
             end_offset=min(end, seg.last_offset + 1), seek_ts=seg_seek, stop_ts=seg_stop,
-            fail_on_data_loss=options.fail_on_data_loss, chunk_bytes=options.read_chunk_bytes)
+            fail_on_data_loss=options.fail_on_data_loss, chunk_bytes=options.read_chunk_bytes,
+            aborted=tuple((a.producer_id, a.first_offset, a.last_offset) for a in aborted
+                          if a.first_offset < min(end, seg.last_offset + 1)
+                          and a.last_offset >= max(start, seg.base_offset)))
         slices.extend(_split(base, options.max_bytes_per_partition, store))
     return slices
+
+
+def aborted_transactions(snap: PartitionSnapshot, start: int, end: int, store) -> list[AbortedTxn]:
+    """The aborted transactions with records in [start, end), from the .txnindex of every
+    segment from the one holding `start` on (an abort's marker may lie after its records)."""
+    out: list[AbortedTxn] = []
+    for seg in snap.segments:
+        if seg.aborted_txns and seg.last_offset >= start:
+            key = seg.key_base + layout.TXNINDEX
+            out += [a for a in decode_txnindex(store.get(key), key) if a.first_offset < end]
+    return out
 
 
 def _split(base: SegmentSlice, max_bytes: int, store) -> list[SegmentSlice]:

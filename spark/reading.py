@@ -5,7 +5,9 @@ The slice's `.log` object is read through tiering's one sealed-segment reader
 forward (the `.index` to the batch holding the first wanted offset, the `.timeindex` past
 batches older than a timestamp lower bound), and batch headers let whole batches be
 skipped without fetching or decoding them (offsets out of range, control batches, max
-timestamp below the bound). Every decoded batch has its CRC checked; a torn or corrupt
+timestamp below the bound, and for read_committed the batches of aborted transactions:
+a producer has one transaction at a time, so its transactional batches between an aborted
+transaction's first offset and its abort marker are that transaction's). Every decoded batch has its CRC checked; a torn or corrupt
 object raises `CorruptSegment`, never yields garbage.
 """
 
@@ -57,13 +59,16 @@ def read_slice(s: SegmentSlice, spec: StoreSpec, store=None) -> Iterator:
 
 def _walk(s: SegmentSlice):
     seg = SegmentObject(s.key_base, s.base_offset, s.last_offset, s.size)
-    start_offset, end_offset, seek_ts = s.start_offset, s.end_offset, s.seek_ts
+    start_offset, end_offset, seek_ts, aborted = s.start_offset, s.end_offset, s.seek_ts, s.aborted
 
     def take(h: BatchHeader) -> Take:
         if h.base_offset >= end_offset:
             return Take.STOP
         if h.last_offset < start_offset or h.is_control or (seek_ts is not None and h.max_timestamp < seek_ts):
             return Take.SKIP
+        if aborted and h.is_transactional and any(
+                pid == h.producer_id and first <= h.base_offset <= marker for pid, first, marker in aborted):
+            return Take.SKIP  # a batch of an aborted transaction (read_committed)
         return Take.TAKE
 
     if s.byte_end is not None:  # planned byte ranges already start where they should

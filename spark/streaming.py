@@ -66,7 +66,7 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         snapshot = self._snapshot()
         if snapshot is None:
             return {}
-        return {p: snap.sealed_end for p, snap in snapshot.partitions.items()}
+        return {p: snap.end(self.options.read_committed) for p, snap in snapshot.partitions.items()}
 
     def _first_offset(self, p: int, snap) -> int:
         ts = self.options.starting_timestamp.for_partition(p) if self.options.starting_timestamp else None
@@ -76,7 +76,7 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         if wanted == EARLIEST:
             return snap.start
         if wanted == LATEST:
-            return snap.sealed_end
+            return snap.end(self.options.read_committed)
         return max(wanted, snap.start)
 
     def initialOffset(self) -> dict:

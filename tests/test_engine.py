@@ -29,14 +29,16 @@ from stratalog.tiering import layout
 from stratalog.tiering.batch import build_batch
 from stratalog.tiering.manifest import read_manifest
 from stratalog.tiering.objectstore import ObjectNotFound
+from stratalog.tiering.txn import decode_txnindex
+from stratalog.engine.transactions import PartitionTxns
 
 try:
-    from tests.engine_harness import (TIMEOUT_S, WALL_START_MS, Backends, HeldUploads, assert_stored,
+    from tests.engine_harness import (TIMEOUT_S, WALL_START_MS, Backends, HeldUploads, assert_stored, batches_of,
                                       batch, committed, eventually, read_all, records_of, run)
     from tests.etcd_fixture import etcd_server  # noqa: F401  (fixture)
 except ImportError:  # tests/ is not a package: pytest put it on sys.path
     from engine_harness import (TIMEOUT_S, WALL_START_MS, Backends, HeldUploads,  # type: ignore
-                                assert_stored, batch, committed, eventually, read_all, records_of, run)
+                                assert_stored, batch, batches_of, committed, eventually, read_all, records_of, run)
     from etcd_fixture import etcd_server  # type: ignore  # noqa: F401
 
 SEGMENT_EXTENSIONS = (layout.LOG, layout.INDEX, layout.TIMEINDEX)
@@ -721,6 +723,82 @@ def test_idempotent_producer_state_survives_recovery(backends, state_from):
             expected_records([(0, sent[0]), (2, sent[1]), (4, sent[2]), (6, nxt)])
 
     run(backends, body)
+
+
+# --- 7b. transactions -------------------------------------------------------------------
+
+def txn_batch(pid: int, seq: int, tag: str, *, epoch: int = 0, n: int = 2) -> bytes:
+    return build_batch([(f"{tag}{i}".encode(), b"v", []) for i in range(n)], timestamp_ms=WALL_START_MS,
+                       producer_id=pid, producer_epoch=epoch, base_sequence=seq, is_transactional=True)
+
+
+async def marker(engine, topic: str, pid: int, *, commit: bool, epoch: int = 0) -> None:
+    await asyncio.wait_for(engine.write_marker(topic, 0, pid, epoch, commit=commit), TIMEOUT_S)
+
+
+@pytest.mark.parametrize("state_from", ["snapshot", "wal"])
+def test_transaction_state_survives_recovery(backends, state_from):
+    """Open transactions, aborted ones and the last stable offset come back after a
+    failover: from the segment's producer snapshot and .txnindex, or by replaying the WAL."""
+    aborted, committed_, still_open = 71, 72, 73
+
+    async def body(h):
+        info = await h.create_topic("txn", 1, {"segment.ms": "1000"})
+        engine = await h.start_engine()
+        await h.lead(engine)
+        await send(engine, "txn", 0, txn_batch(aborted, 0, "a"), h.clock.ms)         # 0-1
+        await send(engine, "txn", 0, txn_batch(committed_, 0, "c"), h.clock.ms)      # 2-3
+        await marker(engine, "txn", aborted, commit=False)                           # 4
+        await marker(engine, "txn", committed_, commit=True)                         # 5
+        await send(engine, "txn", 0, txn_batch(still_open, 0, "o"), h.clock.ms)      # 6-7
+        plog = engine.leader("txn", 0)
+        assert (plog.high_watermark, plog.last_stable_offset) == (8, 6)
+        # A marker for a transaction that is not open here appends nothing.
+        await marker(engine, "txn", aborted, commit=False)
+        assert plog.next_offset == 8
+        if state_from == "snapshot":
+            h.clock.advance(1000)
+            engine.roll_due()
+            [seg] = await sealed_segments(h, engine, "txn", 0, 1)
+            assert seg.aborted_txns == 1 and seg.producers[str(still_open)]["txn"] == 6
+            index = decode_txnindex(await h.objects.get(seg.key_base + layout.TXNINDEX))
+            assert [(a.producer_id, a.first_offset, a.last_offset) for a in index] == [(aborted, 0, 4)]
+            await engine.clean()
+            assert await h.store.wal_ranges(info.topic_id, 0, 0) == []
+
+        engine = await fail_over(h, engine)
+        plog = engine.leader("txn", 0)
+        assert (plog.high_watermark, plog.last_stable_offset) == (8, 6)
+        assert [(a.producer_id, a.first_offset, a.last_offset)
+                for a in engine.aborted_transactions(plog, 0)] == [(aborted, 0, 4)]
+        assert engine.aborted_transactions(plog, 5) == []
+        committed_only = batches_of(await engine.read(plog, 0, 1 << 20, read_committed=True))
+        assert [h_.base_offset for h_, _ in committed_only] == [0, 2, 4, 5]
+        # The open transaction ends after the move; a stale epoch's marker changes nothing.
+        await marker(engine, "txn", still_open, commit=False, epoch=-1)
+        assert plog.last_stable_offset == 6
+        await marker(engine, "txn", still_open, commit=True)
+        assert plog.last_stable_offset == plog.high_watermark == 9
+
+    run(backends, body)
+
+
+@pytest.mark.unit
+def test_the_last_stable_offset_waits_for_the_marker_commit():
+    txns = PartitionTxns()
+    txns.data(1, 10)
+    txns.data(2, 12)
+    txns.data(1, 14)  # a later batch of an open transaction does not move its start
+    assert txns.last_stable_offset(20) == 10
+    txns.marker(1, 20, commit=False)  # appended, not yet committed
+    assert txns.last_stable_offset(20) == 10
+    assert txns.aborted_between(0, txns.last_stable_offset(20)) == []
+    txns.committed(21)
+    assert txns.last_stable_offset(21) == 12
+    assert [a.first_offset for a in txns.aborted_between(0, 12)] == [10]
+    assert txns.aborted_between(21, 30) == []
+    txns.forget_before(21)
+    assert txns.aborted == []
 
 
 # --- 8. controller placement, as pure functions -----------------------------------------

@@ -134,13 +134,20 @@ def test_manifest_versions():
     data = manifest.write_manifest("t", TID, 0, 5, 0, [])
     assert manifest.read_manifest(data).version == 5
     field = b"stratalog.manifest.format\x02"  # Avro map entry: key, then a 1-byte string
+    # Without transaction fields the manifest stays format 1, which 0.1.0's readers read.
     assert data.count(field + b"1") == 1
-    newer = data.replace(field + b"1", field + b"2")
+    newer = data.replace(field + b"1", field + b"3")
     with pytest.raises(UnsupportedFormat) as e:
         manifest.read_manifest(newer, "manifests/t-x/0/00000000000000000005.avro")
-    assert str(e.value) == f"manifest manifests/t-x/0/00000000000000000005.avro {NEWER}"
+    assert str(e.value) == ("manifest manifests/t-x/0/00000000000000000005.avro has format version 3; "
+                            "this Stratalog reads versions 1-2: upgrade the gateway")
     with pytest.raises(CorruptObject, match="no readable stratalog.manifest.format"):
         manifest.read_manifest(data.replace(field + b"1", field + b"x"))
+    # With them it is format 2, read back whole.
+    seg = manifest.SegmentRecord(0, 9, "k", 10, 1, 2, 0, aborted_txns=1, open_txn_offset=5)
+    data = manifest.write_manifest("t", TID, 0, 6, 0, [seg])
+    assert data.count(field + b"2") == 1
+    assert manifest.read_manifest(data).segments == [seg]
 
 
 # ---- the embedded database --------------------------------------------------------------

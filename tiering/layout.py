@@ -27,6 +27,7 @@ LOG = ".log"
 INDEX = ".index"
 TIMEINDEX = ".timeindex"
 SEGMENT_EXTENSIONS = (LOG, INDEX, TIMEINDEX)
+TXNINDEX = ".txnindex"  # only beside segments holding abort markers (tiering.txn)
 WAL_EXTENSION = ".wal"
 MANIFEST_EXTENSION = ".avro"
 
@@ -41,7 +42,7 @@ _UUID_LEN = 36
 _DIGITS20 = r"([0-9]{20})"
 _WAL_RE = re.compile(r"wal/(0|[1-9][0-9]{0,9})/" + _DIGITS20 + re.escape(WAL_EXTENSION))
 _SEGMENT_FILE_RE = re.compile(
-    _DIGITS20 + r"-(0|[1-9][0-9]{0,9})-([A-Za-z0-9_]{1,64})(\.log|\.index|\.timeindex)?"
+    _DIGITS20 + r"-(0|[1-9][0-9]{0,9})-([A-Za-z0-9_]{1,64})(\.log|\.index|\.timeindex|\.txnindex)?"
 )
 _MANIFEST_FILE_RE = re.compile(_DIGITS20 + re.escape(MANIFEST_EXTENSION))
 _PARTITION_RE = re.compile(r"0|[1-9][0-9]{0,9}")
@@ -59,7 +60,7 @@ class SegmentKey(NamedTuple):
     base_offset: int
     leader_epoch: int
     unique_id: str
-    ext: str  # one of SEGMENT_EXTENSIONS, or "" for a bare key base
+    ext: str  # one of SEGMENT_EXTENSIONS or TXNINDEX, or "" for a bare key base
 
 
 class ManifestKey(NamedTuple):

@@ -18,9 +18,15 @@ exactly one record of this schema:
         min_timestamp   long
         max_timestamp   long
         leader_epoch    int
+        aborted_txns    int      format 2: transactions aborted by markers in the
+                                 segment, listed in its .txnindex (format 1: none)
+        open_txn_offset long     format 2: first offset of the oldest transaction still
+                                 open where the segment ends, -1 if none (format 1: -1)
 
 Segments are sorted by base offset and do not overlap. The file's metadata carries
-`stratalog.manifest.format` (FORMAT_VERSION in decimal, "1") and `stratalog.crc32c`: the CRC-32C (decimal) of the
+`stratalog.manifest.format` (the format in decimal: "2" when some segment has
+transaction fields to record, else "1", so readers of format 1 keep reading topics
+without transactions) and `stratalog.crc32c`: the CRC-32C (decimal) of the
 record's Avro binary encoding, so a flipped bit that still decodes is caught too. The
 sync marker is derived from the partition and version, so equal input gives equal bytes.
 A reader checks the format first and refuses one outside OLDEST_READABLE_VERSION..
@@ -40,45 +46,46 @@ import fastavro
 
 from stratalog.tiering.errors import CorruptObject, UnsupportedFormat, unsupported_version
 
-FORMAT_VERSION = 1  # written; readers take OLDEST_READABLE_VERSION..FORMAT_VERSION
+FORMAT_VERSION = 2  # the newest written; readers take OLDEST_READABLE_VERSION..FORMAT_VERSION
 OLDEST_READABLE_VERSION = 1
 _META_FORMAT = "stratalog.manifest.format"
 _META_CRC = "stratalog.crc32c"
 NAMESPACE = "io.stratalog.manifest"
 
-SCHEMA = {
-    "type": "record",
-    "name": "PartitionManifest",
-    "namespace": NAMESPACE,
-    "doc": "Committed segments of one partition, as of one snapshot version.",
-    "fields": [
-        {"name": "topic", "type": "string"},
-        {"name": "topic_id", "type": {"type": "string", "logicalType": "uuid"}},
-        {"name": "partition", "type": "int"},
-        {"name": "version", "type": "long"},
-        {"name": "log_start_offset", "type": "long"},
-        {
-            "name": "segments",
-            "type": {
-                "type": "array",
-                "items": {
-                    "type": "record",
-                    "name": "Segment",
-                    "fields": [
-                        {"name": "base_offset", "type": "long"},
-                        {"name": "last_offset", "type": "long"},
-                        {"name": "key_base", "type": "string"},
-                        {"name": "size", "type": "long"},
-                        {"name": "min_timestamp", "type": "long"},
-                        {"name": "max_timestamp", "type": "long"},
-                        {"name": "leader_epoch", "type": "int"},
-                    ],
-                },
-            },
-        },
-    ],
-}
+_SEGMENT_FIELDS_V1: list[dict[str, Any]] = [
+    {"name": "base_offset", "type": "long"},
+    {"name": "last_offset", "type": "long"},
+    {"name": "key_base", "type": "string"},
+    {"name": "size", "type": "long"},
+    {"name": "min_timestamp", "type": "long"},
+    {"name": "max_timestamp", "type": "long"},
+    {"name": "leader_epoch", "type": "int"},
+]
+_TXN_FIELDS: list[dict[str, Any]] = [{"name": "aborted_txns", "type": "int", "default": 0},
+                                     {"name": "open_txn_offset", "type": "long", "default": -1}]
+
+
+def _manifest_schema(segment_fields: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "type": "record",
+        "name": "PartitionManifest",
+        "namespace": NAMESPACE,
+        "doc": "Committed segments of one partition, as of one snapshot version.",
+        "fields": [
+            {"name": "topic", "type": "string"},
+            {"name": "topic_id", "type": {"type": "string", "logicalType": "uuid"}},
+            {"name": "partition", "type": "int"},
+            {"name": "version", "type": "long"},
+            {"name": "log_start_offset", "type": "long"},
+            {"name": "segments",
+             "type": {"type": "array", "items": {"type": "record", "name": "Segment", "fields": segment_fields}}},
+        ],
+    }
+
+
+SCHEMA = _manifest_schema(_SEGMENT_FIELDS_V1 + _TXN_FIELDS)
 _PARSED = fastavro.parse_schema(SCHEMA)
+_PARSED_V1 = fastavro.parse_schema(_manifest_schema(_SEGMENT_FIELDS_V1))  # format 1: no transaction fields
 _FULL_NAME = f"{NAMESPACE}.PartitionManifest"
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -93,6 +100,12 @@ class SegmentRecord:
     min_timestamp: int
     max_timestamp: int
     leader_epoch: int
+    aborted_txns: int = 0
+    open_txn_offset: int = -1
+
+    @property
+    def has_txn_fields(self) -> bool:
+        return self.aborted_txns != 0 or self.open_txn_offset != -1
 
 
 @dataclass(frozen=True)
@@ -139,16 +152,26 @@ def _record(m: Manifest) -> dict:
                 "min_timestamp": s.min_timestamp,
                 "max_timestamp": s.max_timestamp,
                 "leader_epoch": s.leader_epoch,
+                **({"aborted_txns": s.aborted_txns, "open_txn_offset": s.open_txn_offset}
+                   if _format_of(m) >= 2 else {}),
             }
             for s in m.segments
         ],
     }
 
 
+def _format_of(m: Manifest) -> int:
+    return 2 if any(s.has_txn_fields for s in m.segments) else 1
+
+
+def _schema(version: int):
+    return _PARSED if version >= 2 else _PARSED_V1
+
+
 def encode_record(manifest: Manifest) -> bytes:
     """The Avro binary encoding of the manifest's record (what the CRC covers)."""
     buf = io.BytesIO()
-    fastavro.schemaless_writer(buf, _PARSED, _record(manifest))
+    fastavro.schemaless_writer(buf, _schema(_format_of(manifest)), _record(manifest))
     return buf.getvalue()
 
 
@@ -178,11 +201,11 @@ def write_manifest(
     buf = io.BytesIO()
     fastavro.writer(
         buf,
-        _PARSED,
+        _schema(_format_of(manifest)),
         [_record(manifest)],
         codec="null",
         sync_marker=sync,
-        metadata={_META_FORMAT: str(FORMAT_VERSION), _META_CRC: str(crc)},
+        metadata={_META_FORMAT: str(_format_of(manifest)), _META_CRC: str(crc)},
     )
     return buf.getvalue()
 

@@ -28,6 +28,8 @@ API_NAMES = [
     "DeleteGroups", "IncrementalAlterConfigs", "OffsetDelete", "DescribeCluster",
     "DescribeProducers", "DescribeAcls", "CreateAcls", "DeleteAcls",
     "DescribeUserScramCredentials", "AlterUserScramCredentials",
+    "AddPartitionsToTxn", "AddOffsetsToTxn", "EndTxn", "TxnOffsetCommit",
+    "DescribeTransactions", "ListTransactions",
 ]
 HEADERS = ["RequestHeader", "ResponseHeader"]
 DATA = ["ConsumerProtocolSubscription", "ConsumerProtocolAssignment"]

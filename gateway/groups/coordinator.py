@@ -151,15 +151,26 @@ class GroupCoordinator(Membership):
         self._schedule_session(group, group.members[member_id])
         return None
 
+    def check_member(self, group_id: str, generation_id: int, member_id: str,
+                     group_instance_id: str | None) -> ErrorCode | None:
+        """TxnOffsetCommit (KIP-447): the consumer a producer commits for must be a current
+        member of the current generation, as for its own commits; None if it is."""
+        return self._validate_commit(group_id, generation_id, member_id, group_instance_id)
+
     # --- OffsetFetch ------------------------------------------------------------------
+
+    async def unstable_partitions(self, group_id: str) -> set[TopicPartition]:
+        """Partitions with offsets committed by a transaction not yet ended (OffsetFetch
+        with require_stable answers them UNSTABLE_OFFSET_COMMIT, and the client retries)."""
+        pending = await self._store("pending_offsets", self.store.pending_offsets(group_id))
+        return {tp for offsets in pending.values() for tp in offsets}
 
     async def fetch_offsets(self, group_id: str, partitions: Iterable[TopicPartition] | None = None,
                             *, require_stable: bool = False
                             ) -> tuple[ErrorCode, dict[TopicPartition, CommittedOffset]]:
         """Committed offsets of a group: the given partitions that have one, or all.
 
-        `require_stable` asks for UNSTABLE_OFFSET_COMMIT on partitions with pending
-        transactional commits; this coordinator keeps none, so it changes nothing.
+        `require_stable` is answered by the handler (see `unstable_partitions`).
         """
         try:
             stored = await self._store("fetch_offsets", self.store.fetch_offsets(group_id))

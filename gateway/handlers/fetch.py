@@ -3,6 +3,10 @@
 Batches go out exactly as they were appended (never re-encoded). The first partition
 with data always gets at least one whole batch, even past `max_bytes`, so a consumer can
 never stall on a large batch; after that, partitions are filled while they fit.
+
+READ_COMMITTED fetches stop at the last stable offset and list the aborted transactions
+in the range, whose records the client drops; only leaders know them, so a replica
+answers such a fetch NOT_LEADER_OR_FOLLOWER.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import time
 
 from stratalog.engine.errors import EngineError
+from stratalog.engine.partition import PartitionLog
 from stratalog.gateway.auth.acls import Operation, ResourceType
 from stratalog.gateway.errors import error_code
 from stratalog.gateway.protocol.error_codes import ErrorCode
@@ -24,8 +29,12 @@ def _resolve_topic(broker, t, version: int):
     return t.topic, (info.topic_id if info else None)
 
 
+READ_COMMITTED = 1
+
+
 async def _read_all(broker, req, version: int, readable) -> tuple[list, int]:
     remaining = req.max_bytes if version >= 3 else 0x7FFFFFFF
+    committed_only = req.isolation_level == READ_COMMITTED
     total = 0
     responses = []
     for t in req.topics:
@@ -47,18 +56,19 @@ async def _read_all(broker, req, version: int, readable) -> tuple[list, int]:
                 # A follower serves consumers that the leader sent to it (KIP-392).
                 source = broker.engine.partition(name, p.partition,
                                                  p.current_leader_epoch if version >= 9 else -1,
-                                                 followers=True)
+                                                 followers=not committed_only)
             except EngineError as e:
                 entry["error_code"] = error_code(e)
                 continue
             entry["high_watermark"] = source.high_watermark
-            entry["last_stable_offset"] = source.high_watermark
+            entry["last_stable_offset"] = (source.last_stable_offset if isinstance(source, PartitionLog)
+                                           else source.high_watermark)
             entry["log_start_offset"] = source.log_start_offset
             offset = p.fetch_offset
             if offset < source.log_start_offset or offset > source.high_watermark:
                 entry["error_code"] = ErrorCode.OFFSET_OUT_OF_RANGE
                 continue
-            if version >= 11 and req.rack_id:
+            if version >= 11 and req.rack_id and not committed_only:
                 preferred = broker.preferred_read_replica(name, p.partition, req.rack_id)
                 if preferred >= 0:
                     entry["preferred_read_replica"] = preferred
@@ -67,10 +77,14 @@ async def _read_all(broker, req, version: int, readable) -> tuple[list, int]:
             if limit <= 0 and total > 0:
                 continue
             try:
-                data = await broker.engine.read(source, offset, max(limit, 1))
+                data = await broker.engine.read(source, offset, max(limit, 1), read_committed=committed_only)
             except EngineError as e:
                 entry["error_code"] = error_code(e)
                 continue
+            if committed_only:
+                entry["aborted_transactions"] = [
+                    {"producer_id": a.producer_id, "first_offset": a.first_offset}
+                    for a in broker.engine.aborted_transactions(source, offset)]
             if data:
                 entry["records"] = data
                 total += len(data)

@@ -1,4 +1,5 @@
-"""ListOffsets (earliest, latest, by timestamp, max timestamp) and OffsetForLeaderEpoch."""
+"""ListOffsets (earliest, latest - the last stable offset for READ_COMMITTED -, by
+timestamp, max timestamp) and OffsetForLeaderEpoch."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from stratalog.gateway.protocol.error_codes import ErrorCode
 from .registry import ApiKey, RequestContext, handles
 
 
-async def _one(ctx: RequestContext, topic: str, p, version: int) -> dict:
+async def _one(ctx: RequestContext, topic: str, p, version: int, read_committed: bool) -> dict:
     broker = ctx.broker
     out = {"partition_index": p.partition_index, "error_code": 0, "timestamp": -1, "offset": -1,
            "leader_epoch": -1}
@@ -28,7 +29,7 @@ async def _one(ctx: RequestContext, topic: str, p, version: int) -> dict:
         out["error_code"] = ErrorCode.INVALID_REQUEST
         return out
     try:
-        found = await broker.engine.list_offset(plog, p.timestamp)
+        found = await broker.engine.list_offset(plog, p.timestamp, read_committed=read_committed)
     except EngineError as e:
         out["error_code"] = error_code(e)
         return out
@@ -41,7 +42,8 @@ async def _one(ctx: RequestContext, topic: str, p, version: int) -> dict:
 async def list_offsets(ctx: RequestContext, req):
     topics = []
     for t in req.topics:
-        parts = [await _one(ctx, t.name, p, ctx.version) for p in t.partitions]
+        parts = [await _one(ctx, t.name, p, ctx.version, ctx.version >= 2 and req.isolation_level == 1)
+                 for p in t.partitions]
         topics.append({"name": t.name, "partitions": parts})
     return {"throttle_time_ms": 0, "topics": topics}
 

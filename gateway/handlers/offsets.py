@@ -12,6 +12,7 @@ from typing import Any
 
 from stratalog.coordinator.model import CommittedOffset
 from stratalog.gateway.groups import OffsetEntry
+from stratalog.gateway.groups.coordinator import StoreUnavailable
 from stratalog.gateway.auth.acls import Operation, ResourceType
 from stratalog.gateway.handlers.groups import may_use, not_coordinator
 from stratalog.gateway.handlers.registry import ApiKey, RequestContext, handles
@@ -85,6 +86,10 @@ async def _fetch_group(ctx: RequestContext, group_id: str, topics: list | None,
                                                          require_stable=require_stable)
     if error:
         return error, []
+    try:
+        unstable = await ctx.broker.groups.unstable_partitions(group_id) if require_stable else set()
+    except StoreUnavailable:
+        return E.COORDINATOR_NOT_AVAILABLE, []
     if topics is None:
         by_topic: dict[str, list[dict[str, Any]]] = {}
         for (name, index), offset in sorted(found.items()):
@@ -93,9 +98,11 @@ async def _fetch_group(ctx: RequestContext, group_id: str, topics: list | None,
         return E.NONE, [{"name": n, "partitions": ps} for n, ps in by_topic.items()]
     return E.NONE, [
         {"name": t.name,
-         "partitions": [_partition(p, found.get((t.name, p), NO_OFFSET))
-                        if ctx.allowed(Operation.DESCRIBE, ResourceType.TOPIC, t.name)
-                        else _partition(p, NO_OFFSET, E.TOPIC_AUTHORIZATION_FAILED)
+         "partitions": [_partition(p, NO_OFFSET, E.TOPIC_AUTHORIZATION_FAILED)
+                        if not ctx.allowed(Operation.DESCRIBE, ResourceType.TOPIC, t.name)
+                        else _partition(p, NO_OFFSET, E.UNSTABLE_OFFSET_COMMIT)
+                        if (t.name, p) in unstable
+                        else _partition(p, found.get((t.name, p), NO_OFFSET))
                         for p in t.partition_indexes or []]}
         for t in topics]
 

@@ -1,16 +1,25 @@
 """Produce: validate batches, assign offsets, append, and answer per `acks`.
 
-The synchronous part (validation and append) runs before any await so that requests on
-one connection append in order; only the wait for the WAL commit (`acks=all`) is deferred.
+Requests on one connection append in order: the server reads the next request only after
+this handler returns, and only the wait for the WAL commit (`acks=all`) is deferred.
+
+A transactional producer's first batch on a partition is checked against its transaction
+in the coordinator (KIP-890's defence): the partition must have been added to the
+producer's ongoing transaction at this epoch, so a zombie or a producer that skipped
+AddPartitionsToTxn can never leave a transaction open on a partition (which would hold
+back the last stable offset for ever).
 """
 
 from __future__ import annotations
 
 import asyncio
 
+from stratalog.coordinator.transactions import TxnStatus
+from stratalog.engine.errors import EngineError
 from stratalog.gateway.auth.acls import Operation, ResourceType
 from stratalog.gateway.errors import error_code, error_message
 from stratalog.gateway.protocol.error_codes import ErrorCode
+from stratalog.tiering.batch import HEADER_SIZE, BatchHeader
 
 from .registry import NO_RESPONSE, ApiKey, Deferred, RequestContext, handles
 
@@ -40,6 +49,7 @@ async def produce(ctx: RequestContext, req):
     now_ms = broker.now_ms()
     responses = []
     waits: list[tuple[dict, object]] = []
+    txn_check = _TxnCheck(ctx, req.transactional_id)
     for t in req.topic_data:
         parts = []
         for pd in t.partition_data:
@@ -51,9 +61,9 @@ async def produce(ctx: RequestContext, req):
                 resp = {"index": pd.index, "error_code": ErrorCode.TOPIC_AUTHORIZATION_FAILED,
                         "base_offset": -1}
                 wait = None
-            elif req.transactional_id is not None:
-                resp = {"index": pd.index, "error_code": ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-                        "base_offset": -1, "error_message": "transactions are not supported"}
+            elif (refused := await txn_check.refusal(t.name, pd.index, pd.records)) is not None:
+                resp = {"index": pd.index, "error_code": refused[0], "base_offset": -1,
+                        "error_message": refused[1]}
                 wait = None
             else:
                 resp, wait = _produce_partition(broker, t.name, pd.index, pd.records, now_ms)
@@ -87,3 +97,46 @@ async def _await_commit(body: dict, waits, timeout_ms: int) -> dict:
             resp["error_code"] = error_code(f.exception())
             resp["error_message"] = error_message(f.exception())
     return body
+
+
+class _TxnCheck:
+    """Whether a partition's batches may be appended for the request's transactional id."""
+
+    def __init__(self, ctx: RequestContext, transactional_id: str | None):
+        self.ctx = ctx
+        self.transactional_id = transactional_id
+        self._state = None
+        self._read = False
+
+    async def refusal(self, topic: str, partition: int, records) -> tuple[ErrorCode, str] | None:
+        ctx, tid = self.ctx, self.transactional_id
+        if records is None or len(records) < HEADER_SIZE:
+            return None  # the append refuses it
+        h = BatchHeader.parse(records, 0)
+        if tid is None:
+            if h.is_transactional and not h.is_control:
+                return ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "transactional batches need a transactional id"
+            return None
+        if not ctx.allowed(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, tid):
+            return ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, f"WRITE on transactional id {tid!r} is not allowed"
+        if not h.is_transactional or h.is_control:
+            return None
+        try:
+            plog = ctx.broker.engine.leader(topic, partition)
+        except EngineError:
+            return None  # the append answers it
+        if h.producer_id in plog.txns.open:
+            return None  # its transaction here was checked when it began
+        if not self._read:
+            got = await ctx.broker.store.transaction(tid)
+            self._state, self._read = (got[0] if got else None), True
+        state = self._state
+        abortable = ErrorCode.TRANSACTION_ABORTABLE if ctx.version >= 11 else ErrorCode.INVALID_TXN_STATE
+        if state is None or state.producer_id != h.producer_id:
+            return abortable, f"producer {h.producer_id} does not hold transactional id {tid!r}"
+        if h.producer_epoch < state.producer_epoch:
+            return ErrorCode.INVALID_PRODUCER_EPOCH, f"epoch {h.producer_epoch} is fenced by {state.producer_epoch}"
+        if state.status is not TxnStatus.ONGOING or state.producer_epoch != h.producer_epoch \
+                or (topic, partition) not in state.partitions:
+            return abortable, f"{topic}-{partition} is not in an ongoing transaction of {tid!r}"
+        return None

@@ -917,6 +917,142 @@ ALTER_USER_SCRAM_CREDENTIALS_RESPONSE = Schema('AlterUserScramCredentialsRespons
     )),
 ))
 
+ADD_PARTITIONS_TO_TXN_REQUEST = Schema('AddPartitionsToTxnRequest', 0, 5, 3, (
+    F('transactions', '[]struct', 4, fields=(
+        F('transactional_id', 'string', 4, default=''),
+        F('producer_id', 'int64', 4, default=0),
+        F('producer_epoch', 'int16', 4, default=0),
+        F('verify_only', 'bool', 4, default=False),
+        F('topics', '[]struct', 4, fields=(
+            F('name', 'string', 0, default=''),
+            F('partitions', '[]int32', 0),
+        )),
+    )),
+    F('v3_and_below_transactional_id', 'string', 0, vmax=3, default=''),
+    F('v3_and_below_producer_id', 'int64', 0, vmax=3, default=0),
+    F('v3_and_below_producer_epoch', 'int16', 0, vmax=3, default=0),
+    F('v3_and_below_topics', '[]struct', 0, vmax=3, fields=(
+        F('name', 'string', 0, default=''),
+        F('partitions', '[]int32', 0),
+    )),
+))
+
+ADD_PARTITIONS_TO_TXN_RESPONSE = Schema('AddPartitionsToTxnResponse', 0, 5, 3, (
+    F('throttle_time_ms', 'int32', 0, default=0),
+    F('error_code', 'int16', 4, default=0),
+    F('results_by_transaction', '[]struct', 4, fields=(
+        F('transactional_id', 'string', 4, default=''),
+        F('topic_results', '[]struct', 4, fields=(
+            F('name', 'string', 0, default=''),
+            F('results_by_partition', '[]struct', 0, fields=(
+                F('partition_index', 'int32', 0, default=0),
+                F('partition_error_code', 'int16', 0, default=0),
+            )),
+        )),
+    )),
+    F('results_by_topic_v3_and_below', '[]struct', 0, vmax=3, fields=(
+        F('name', 'string', 0, default=''),
+        F('results_by_partition', '[]struct', 0, fields=(
+            F('partition_index', 'int32', 0, default=0),
+            F('partition_error_code', 'int16', 0, default=0),
+        )),
+    )),
+))
+
+ADD_OFFSETS_TO_TXN_REQUEST = Schema('AddOffsetsToTxnRequest', 0, 4, 3, (
+    F('transactional_id', 'string', 0, default=''),
+    F('producer_id', 'int64', 0, default=0),
+    F('producer_epoch', 'int16', 0, default=0),
+    F('group_id', 'string', 0, default=''),
+))
+
+ADD_OFFSETS_TO_TXN_RESPONSE = Schema('AddOffsetsToTxnResponse', 0, 4, 3, (
+    F('throttle_time_ms', 'int32', 0, default=0),
+    F('error_code', 'int16', 0, default=0),
+))
+
+END_TXN_REQUEST = Schema('EndTxnRequest', 0, 5, 3, (
+    F('transactional_id', 'string', 0, default=''),
+    F('producer_id', 'int64', 0, default=0),
+    F('producer_epoch', 'int16', 0, default=0),
+    F('committed', 'bool', 0, default=False),
+))
+
+END_TXN_RESPONSE = Schema('EndTxnResponse', 0, 5, 3, (
+    F('throttle_time_ms', 'int32', 0, default=0),
+    F('error_code', 'int16', 0, default=0),
+    F('producer_id', 'int64', 5, default=-1),
+    F('producer_epoch', 'int16', 5, default=-1),
+))
+
+TXN_OFFSET_COMMIT_REQUEST = Schema('TxnOffsetCommitRequest', 0, 4, 3, (
+    F('transactional_id', 'string', 0, default=''),
+    F('group_id', 'string', 0, default=''),
+    F('producer_id', 'int64', 0, default=0),
+    F('producer_epoch', 'int16', 0, default=0),
+    F('generation_id', 'int32', 3, default=-1),
+    F('member_id', 'string', 3, default=''),
+    F('group_instance_id', 'string', 3, nullable=(3, 32767), default=None),
+    F('topics', '[]struct', 0, fields=(
+        F('name', 'string', 0, default=''),
+        F('partitions', '[]struct', 0, fields=(
+            F('partition_index', 'int32', 0, default=0),
+            F('committed_offset', 'int64', 0, default=0),
+            F('committed_leader_epoch', 'int32', 2, default=-1),
+            F('committed_metadata', 'string', 0, nullable=(0, 32767), default=''),
+        )),
+    )),
+))
+
+TXN_OFFSET_COMMIT_RESPONSE = Schema('TxnOffsetCommitResponse', 0, 4, 3, (
+    F('throttle_time_ms', 'int32', 0, default=0),
+    F('topics', '[]struct', 0, fields=(
+        F('name', 'string', 0, default=''),
+        F('partitions', '[]struct', 0, fields=(
+            F('partition_index', 'int32', 0, default=0),
+            F('error_code', 'int16', 0, default=0),
+        )),
+    )),
+))
+
+DESCRIBE_TRANSACTIONS_REQUEST = Schema('DescribeTransactionsRequest', 0, 0, 0, (
+    F('transactional_ids', '[]string', 0),
+))
+
+DESCRIBE_TRANSACTIONS_RESPONSE = Schema('DescribeTransactionsResponse', 0, 0, 0, (
+    F('throttle_time_ms', 'int32', 0, default=0),
+    F('transaction_states', '[]struct', 0, fields=(
+        F('error_code', 'int16', 0, default=0),
+        F('transactional_id', 'string', 0, default=''),
+        F('transaction_state', 'string', 0, default=''),
+        F('transaction_timeout_ms', 'int32', 0, default=0),
+        F('transaction_start_time_ms', 'int64', 0, default=0),
+        F('producer_id', 'int64', 0, default=0),
+        F('producer_epoch', 'int16', 0, default=0),
+        F('topics', '[]struct', 0, fields=(
+            F('topic', 'string', 0, default=''),
+            F('partitions', '[]int32', 0),
+        )),
+    )),
+))
+
+LIST_TRANSACTIONS_REQUEST = Schema('ListTransactionsRequest', 0, 1, 0, (
+    F('state_filters', '[]string', 0),
+    F('producer_id_filters', '[]int64', 0),
+    F('duration_filter', 'int64', 1, default=-1),
+))
+
+LIST_TRANSACTIONS_RESPONSE = Schema('ListTransactionsResponse', 0, 1, 0, (
+    F('throttle_time_ms', 'int32', 0, default=0),
+    F('error_code', 'int16', 0, default=0),
+    F('unknown_state_filters', '[]string', 0),
+    F('transaction_states', '[]struct', 0, fields=(
+        F('transactional_id', 'string', 0, default=''),
+        F('producer_id', 'int64', 0, default=0),
+        F('transaction_state', 'string', 0, default=''),
+    )),
+))
+
 
 class ApiKey(IntEnum):
     """The APIs above, by the key a request header carries."""
@@ -941,6 +1077,10 @@ class ApiKey(IntEnum):
     DELETE_RECORDS = 21
     INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
+    ADD_PARTITIONS_TO_TXN = 24
+    ADD_OFFSETS_TO_TXN = 25
+    END_TXN = 26
+    TXN_OFFSET_COMMIT = 28
     DESCRIBE_ACLS = 29
     CREATE_ACLS = 30
     DELETE_ACLS = 31
@@ -955,6 +1095,8 @@ class ApiKey(IntEnum):
     ALTER_USER_SCRAM_CREDENTIALS = 51
     DESCRIBE_CLUSTER = 60
     DESCRIBE_PRODUCERS = 61
+    DESCRIBE_TRANSACTIONS = 65
+    LIST_TRANSACTIONS = 66
 
 
 # api key -> (name, request schema, response schema); keyed by ApiKey members, typed
@@ -980,6 +1122,10 @@ APIS: dict[int, tuple[str, Schema, Schema]] = {
     ApiKey.DELETE_RECORDS: ('DeleteRecords', DELETE_RECORDS_REQUEST, DELETE_RECORDS_RESPONSE),
     ApiKey.INIT_PRODUCER_ID: ('InitProducerId', INIT_PRODUCER_ID_REQUEST, INIT_PRODUCER_ID_RESPONSE),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: ('OffsetForLeaderEpoch', OFFSET_FOR_LEADER_EPOCH_REQUEST, OFFSET_FOR_LEADER_EPOCH_RESPONSE),
+    ApiKey.ADD_PARTITIONS_TO_TXN: ('AddPartitionsToTxn', ADD_PARTITIONS_TO_TXN_REQUEST, ADD_PARTITIONS_TO_TXN_RESPONSE),
+    ApiKey.ADD_OFFSETS_TO_TXN: ('AddOffsetsToTxn', ADD_OFFSETS_TO_TXN_REQUEST, ADD_OFFSETS_TO_TXN_RESPONSE),
+    ApiKey.END_TXN: ('EndTxn', END_TXN_REQUEST, END_TXN_RESPONSE),
+    ApiKey.TXN_OFFSET_COMMIT: ('TxnOffsetCommit', TXN_OFFSET_COMMIT_REQUEST, TXN_OFFSET_COMMIT_RESPONSE),
     ApiKey.DESCRIBE_ACLS: ('DescribeAcls', DESCRIBE_ACLS_REQUEST, DESCRIBE_ACLS_RESPONSE),
     ApiKey.CREATE_ACLS: ('CreateAcls', CREATE_ACLS_REQUEST, CREATE_ACLS_RESPONSE),
     ApiKey.DELETE_ACLS: ('DeleteAcls', DELETE_ACLS_REQUEST, DELETE_ACLS_RESPONSE),
@@ -994,4 +1140,6 @@ APIS: dict[int, tuple[str, Schema, Schema]] = {
     ApiKey.ALTER_USER_SCRAM_CREDENTIALS: ('AlterUserScramCredentials', ALTER_USER_SCRAM_CREDENTIALS_REQUEST, ALTER_USER_SCRAM_CREDENTIALS_RESPONSE),
     ApiKey.DESCRIBE_CLUSTER: ('DescribeCluster', DESCRIBE_CLUSTER_REQUEST, DESCRIBE_CLUSTER_RESPONSE),
     ApiKey.DESCRIBE_PRODUCERS: ('DescribeProducers', DESCRIBE_PRODUCERS_REQUEST, DESCRIBE_PRODUCERS_RESPONSE),
+    ApiKey.DESCRIBE_TRANSACTIONS: ('DescribeTransactions', DESCRIBE_TRANSACTIONS_REQUEST, DESCRIBE_TRANSACTIONS_RESPONSE),
+    ApiKey.LIST_TRANSACTIONS: ('ListTransactions', LIST_TRANSACTIONS_REQUEST, LIST_TRANSACTIONS_RESPONSE),
 }

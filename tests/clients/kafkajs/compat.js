@@ -1,5 +1,6 @@
-// Drives KafkaJS for tests/compat/test_kafkajs.py: reads one JSON job on stdin, runs its
-// steps in order against the brokers, and prints one JSON answer on stdout.
+// Drives KafkaJS for tests/compat/test_kafkajs.py and test_kafkajs_txn.py: reads one JSON
+// job on stdin, runs its steps in order against the brokers, and prints one JSON answer on
+// stdout.
 //
 // Job:    {"brokers": ["host:port"], "steps": [{"op": ..., ...}, ...]}, optionally with
 //         "ssl": {"ca": path, "cert": path, "key": path} and
@@ -89,6 +90,20 @@ async function createTopic(kafka, step) {
   }
 }
 
+// A record may name its partition; otherwise it goes to the step's (default 0).
+function toMessages(step) {
+  return step.records.map(r => ({
+    key: unb64(r.key),
+    value: unb64(r.value),
+    headers: toHeaders(r.headers),
+    partition: r.partition == null ? step.partition || 0 : r.partition,
+    timestamp: r.timestamp == null ? undefined : String(r.timestamp),
+  }))
+}
+
+const sendResult = meta =>
+  meta.map(m => ({ partition: m.partition, errorCode: m.errorCode, baseOffset: Number(m.baseOffset) }))
+
 async function produce(kafka, step) {
   const producer = kafka.producer({ allowAutoTopicCreation: false, idempotent: !!step.idempotent })
   await producer.connect()
@@ -97,15 +112,33 @@ async function produce(kafka, step) {
       topic: step.topic,
       acks: -1,
       compression: CODECS[step.codec || 'none'],
-      messages: step.records.map(r => ({
-        key: unb64(r.key),
-        value: unb64(r.value),
-        headers: toHeaders(r.headers),
-        partition: step.partition || 0,
-        timestamp: r.timestamp == null ? undefined : String(r.timestamp),
-      })),
+      messages: toMessages(step),
     })
-    return meta.map(m => ({ partition: m.partition, errorCode: m.errorCode, baseOffset: Number(m.baseOffset) }))
+    return sendResult(meta)
+  } finally {
+    await producer.disconnect()
+  }
+}
+
+// One transactional producer runs `transactions` in order, each {records, commit}: its
+// records are sent (and acknowledged) before it commits or aborts.
+async function transactions(kafka, step) {
+  const producer = kafka.producer({
+    allowAutoTopicCreation: false,
+    transactionalId: step.transactionalId,
+    idempotent: true,
+    maxInFlightRequests: 1,
+  })
+  await producer.connect()
+  try {
+    const out = []
+    for (const t of step.transactions) {
+      const txn = await producer.transaction()
+      const meta = await txn.send({ topic: step.topic, acks: -1, messages: toMessages(t) })
+      await (t.commit ? txn.commit() : txn.abort())
+      out.push(sendResult(meta))
+    }
+    return out
   } finally {
     await producer.disconnect()
   }
@@ -121,6 +154,7 @@ async function consume(kafka, step) {
     rebalanceTimeout: 10000,
     heartbeatInterval: 500,
     maxWaitTimeInMs: 200,
+    readUncommitted: !!step.readUncommitted,
   })
   const limit = step.limit == null ? Infinity : step.limit
   const got = []
@@ -183,6 +217,7 @@ const OPS = {
   codecs: async (_kafka, _step, missing) => ({ missing }),
   createTopic,
   produce,
+  transactions,
   consume,
   offsets,
 }
