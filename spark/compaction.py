@@ -4,18 +4,20 @@ The job follows Kafka's cleaner, with segments in the object store:
 
 1. Plan (driver). From each partition's newest manifest, the *cleanable* segments are the
    sealed ones before the first whose newest record is younger than
-   ``min.compaction.lag.ms``; the active segment and unsealed WAL data are never seen.
+   ``min.compaction.lag.ms`` or which reaches the last stable offset (a transaction still
+   open); the active segment and unsealed WAL data are never seen.
    Consecutive cleanable segments are grouped (up to ``segment.bytes`` of input, 2^31
    offsets) and each group gets a fresh key base for its rewrite.
 2. Key map (Spark). The cleanable offsets are read through the `stratalog` data source;
    per (partition, key) the newest offset survives, unless that record is a tombstone
-   older than ``delete.retention.ms``. Keyless records are kept.
+   older than ``delete.retention.ms``. Keyless records are kept. The read is
+   read_committed: records of aborted transactions are removed.
 3. Rewrite (executors). Each group's segments are copied batch by batch: a batch whose
    records all survive is copied byte for byte; otherwise it is rebuilt with its surviving
    records, their offsets (offset deltas with gaps), timestamps, headers, codec, producer
    fields and its original last offset delta; a batch left empty is dropped, except the
    group's last, which stays as an empty batch so the new segment still ends at the old
-   last offset. Control batches are copied. `tiering.segment.ActiveSegment` writes the
+   last offset. Control batches (transaction markers) are copied. `tiering.segment.ActiveSegment` writes the
    new `.log` with its `.index`/`.timeindex`, which are uploaded under the new key base.
 4. Swap (driver). Per partition, one POST to the leader gateway's admin endpoint replaces
    the old segments with the new ones; the gateway rewrites the manifest and deletes the
@@ -192,6 +194,8 @@ def plan_compaction(spec: StoreSpec, topic: str, settings: Settings, *, now_ms: 
         for seg in snap.segments:
             if seg.max_timestamp > horizon:
                 break  # this and later segments hold records within min.compaction.lag.ms
+            if seg.last_offset >= snap.stable_end:
+                break  # records of a transaction not yet decided: kept until it is
             cleanable.append(seg)
         if not cleanable:
             skipped[p] = ("no sealed segments" if not snap.segments
@@ -228,6 +232,9 @@ def retained_offsets(spark, plan: Plan):
     last = {p: max(g.last_offset for g in plan.groups_of(p)) for p in plan.partitions()}
     reader = (spark.read.format("stratalog").option("topic", plan.topic)
               .option("topicId", str(plan.topic_id)).option("startingOffsets", "earliest")
+              # Aborted records never enter the key map, so they are removed, and never
+              # shadow an older committed value of their key (Kafka's cleaner does the same).
+              .option("kafka.isolation.level", "read_committed")
               .option("endingOffsets", json.dumps({plan.topic: {str(p): o + 1 for p, o in last.items()}})))
     if plan.spec.endpoint:
         reader = reader.option("endpoint", plan.spec.endpoint)

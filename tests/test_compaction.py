@@ -378,3 +378,68 @@ def test_compaction_on_s3(spark, gateway_factory):
         reader = (spark.read.format("stratalog").option("topic", "on-s3").option("endpoint", endpoint)
                   .option("pathStyle", "true"))
         assert rows_of(reader.load(spec.url)) == after
+
+
+def test_compaction_removes_aborted_records_and_leaves_open_transactions_alone(spark, gateway_factory):
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    gw = gateway_factory(settings=SETTINGS)
+    spec = StoreSpec((gw.data_dir / "objects").as_uri())
+    create_topic(gw.bootstrap, "txn-users", 1, COMPACT)
+    p = Producer({"bootstrap.servers": gw.bootstrap, "transactional.id": "txn-users-app", "linger.ms": 5})
+    p.init_transactions(30)
+
+    def transaction(tag: str, keys: range, end) -> None:
+        p.begin_transaction()
+        for k in keys:
+            p.produce("txn-users", key=b"k%d" % k, value=b"%s-%d" % (tag.encode(), k), partition=0)
+        p.flush(30)
+        if end is not None:
+            end(30)
+
+    transaction("c1", range(10), p.commit_transaction)
+    transaction("a", range(10), p.abort_transaction)
+    transaction("c2", range(5), p.commit_transaction)
+    time.sleep(1)  # the open transaction starts in a later segment
+    transaction("open", range(5, 10), None)
+    c = Consumer({"bootstrap.servers": gw.bootstrap, "group.id": "hw"})
+    _, end = c.get_watermark_offsets(TopicPartition("txn-users", 0), timeout=10)
+    c.close()
+    wait_sealed(spec, "txn-users", {0: end})
+
+    report = compact(spark, spec.url, "txn-users", gw.http_url, bootstrap=gw.bootstrap)
+    assert report.ok, report.results
+    committed = {r.key: r.value for r in consume_all(gw.bootstrap, "txn-users", 1)}  # read_committed
+    assert committed == {**{b"k%d" % k: b"c1-%d" % k for k in range(5, 10)},
+                         **{b"k%d" % k: b"c2-%d" % k for k in range(5)}}
+    everything = _read_uncommitted(gw.bootstrap, "txn-users")
+    assert not any(v.startswith(b"a-") for v in everything)  # aborted records are gone
+    assert [v for v in everything if v.startswith(b"open-")] == [b"open-%d" % k for k in range(5, 10)]
+
+    p.commit_transaction(30)
+    committed = {r.key: r.value for r in consume_all(gw.bootstrap, "txn-users", 1)}
+    assert {k: v for k, v in committed.items() if v.startswith(b"open-")} == {
+        b"k%d" % k: b"open-%d" % k for k in range(5, 10)}
+
+
+def _read_uncommitted(bootstrap: str, topic: str):
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"ru-{uuid.uuid4().hex[:6]}",
+                  "isolation.level": "read_uncommitted", "enable.partition.eof": True})
+    c.assign([TopicPartition(topic, 0, 0)])
+    out = []
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            if m.error():
+                if m.error().code() == KafkaError._PARTITION_EOF:
+                    return out
+                continue
+            out.append(m.value())
+        raise AssertionError("no end of partition")
+    finally:
+        c.close()

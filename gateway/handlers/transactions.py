@@ -11,7 +11,7 @@ the brokers' batched form, allowed to principals with CLUSTER_ACTION.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Awaitable
 
 from stratalog.coordinator.model import CommittedOffset
 from stratalog.coordinator.transactions import TxnStatus
@@ -33,6 +33,15 @@ def _code(ctx: RequestContext, e: TxnError) -> E:
     if e.code is E.PRODUCER_FENCED and ctx.version < _FENCED_SINCE.get(ctx.api_key, 0):
         return E.INVALID_PRODUCER_EPOCH
     return e.code
+
+
+async def _outcome(ctx: RequestContext, operation: Awaitable[Any]) -> E:
+    """NONE when the coordinator operation succeeds, else its error for this version."""
+    try:
+        await operation
+        return E.NONE
+    except TxnError as e:
+        return _code(ctx, e)
 
 
 def _txn_error(ctx: RequestContext, transactional_id: str) -> E | None:
@@ -99,11 +108,8 @@ async def _add_partitions(ctx: RequestContext, tid: str, pid: int, epoch: int, t
         if errors:
             error = E.OPERATION_NOT_ATTEMPTED  # for the rest: all or none are added
         else:
-            try:
-                await ctx.broker.transactions.add_partitions(tid, pid, epoch, wanted, verify_only=verify_only)
-                error = E.NONE
-            except TxnError as e:
-                error = _code(ctx, e)
+            error = await _outcome(ctx, ctx.broker.transactions.add_partitions(
+                tid, pid, epoch, wanted, verify_only=verify_only))
     return [{"name": t.name,
              "results_by_partition": [{"partition_index": p,
                                        "partition_error_code": errors.get((t.name, p), error)}
@@ -136,12 +142,8 @@ async def add_offsets_to_txn(ctx: RequestContext, req) -> dict[str, Any]:
     if error is None and not may_use(ctx, req.group_id):
         error = E.GROUP_AUTHORIZATION_FAILED
     if error is None:
-        try:
-            await ctx.broker.transactions.add_offsets(req.transactional_id, req.producer_id,
-                                                      req.producer_epoch, req.group_id)
-            error = E.NONE
-        except TxnError as e:
-            error = _code(ctx, e)
+        error = await _outcome(ctx, ctx.broker.transactions.add_offsets(
+            req.transactional_id, req.producer_id, req.producer_epoch, req.group_id))
     return {"throttle_time_ms": 0, "error_code": error}
 
 
@@ -163,13 +165,9 @@ async def txn_offset_commit(ctx: RequestContext, req) -> dict[str, Any]:
                 else:
                     epoch = p.committed_leader_epoch if ctx.version >= 2 else -1
                     offsets[tp] = CommittedOffset(p.committed_offset, epoch, p.committed_metadata or "", now_ms)
-        try:
-            if offsets:
-                await ctx.broker.transactions.commit_offsets(req.transactional_id, req.producer_id,
-                                                             req.producer_epoch, req.group_id, offsets)
-            error = E.NONE
-        except TxnError as e:
-            error = _code(ctx, e)
+        error = await _outcome(ctx, ctx.broker.transactions.commit_offsets(
+            req.transactional_id, req.producer_id, req.producer_epoch, req.group_id, offsets)) \
+            if offsets else E.NONE
     return {"throttle_time_ms": 0, "topics": [
         {"name": t.name,
          "partitions": [{"partition_index": p.partition_index,
@@ -199,12 +197,8 @@ def _offset_commit_error(ctx: RequestContext, req) -> E | None:
 async def end_txn(ctx: RequestContext, req) -> dict[str, Any]:
     error = _txn_error(ctx, req.transactional_id)
     if error is None:
-        try:
-            await ctx.broker.transactions.end_txn(req.transactional_id, req.producer_id,
-                                                  req.producer_epoch, req.committed)
-            error = E.NONE
-        except TxnError as e:
-            error = _code(ctx, e)
+        error = await _outcome(ctx, ctx.broker.transactions.end_txn(
+            req.transactional_id, req.producer_id, req.producer_epoch, req.committed))
     return {"throttle_time_ms": 0, "error_code": error}
 
 

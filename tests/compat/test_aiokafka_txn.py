@@ -15,17 +15,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa:
 
 from .test_aiokafka import consume, create_topic  # noqa: E402
 
-# (value prefix, record count, commit?) per transaction; record i goes to partition i % 2.
-TRANSACTIONS = [("c1", 10, True), ("ab", 6, False), ("c2", 4, True)]
-
-
-def sent(committed_only: bool) -> dict[int, list[bytes]]:
-    out: dict[int, list[bytes]] = {0: [], 1: []}
-    for prefix, n, commit in TRANSACTIONS:
-        for i in range(n):
-            if commit or not committed_only:
-                out[i % 2].append(f"{prefix}-{i}".encode())
-    return out
+from .txn_scenario import TRANSACTIONS, sent  # noqa: E402
 
 
 async def read(bootstrap: str, topic: str, isolation_level: str, n: int, partitions=(0, 1)) -> list:
