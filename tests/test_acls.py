@@ -478,3 +478,21 @@ def test_each_api_family_allows_the_granted_principal_and_refuses_the_other(acl_
     p.produce(name, value=b"v", on_delivery=lambda e, m: errors.append(e))
     p.flush(15)
     assert errors and errors[0] is not None
+
+
+def test_transactions_need_write_on_their_transactional_id(acl_gateway):
+    """A transactional producer needs WRITE on its transactional id and on the topic (and
+    READ on the group it commits offsets for); without the id it cannot even start."""
+    g, name = acl_gateway, f"txn-{uuid.uuid4().hex[:6]}"
+    tid = f"app-{name}"
+    create(g, name)
+    grant(g, topic_acl(name, "alice", AclOperation.WRITE), topic_acl(name, "bob", AclOperation.WRITE),
+          topic_acl(tid, "alice", AclOperation.WRITE, rtype=CkResource.TRANSACTIONAL_ID))
+    alice = Producer({**g.conf("alice"), "transactional.id": tid})
+    alice.init_transactions(15)
+    alice.begin_transaction()
+    alice.produce(name, value=b"committed")
+    alice.commit_transaction(15)
+    bob = Producer({**g.conf("bob"), "transactional.id": tid})
+    _refused_with(lambda: bob.init_transactions(15), KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+    assert consume(g, "admin", name, f"g-{name}") == b"committed"

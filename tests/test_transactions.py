@@ -375,6 +375,36 @@ def test_rule_breaking_transactional_requests_get_kafkas_errors_and_write_nothin
     assert read_values(gateway.bootstrap, topic, 2, "read_committed") == {0: [], 1: []}
 
 
+def test_transactions_and_producers_are_described(gateway):
+    topic = _topic("describe")
+    _create(gateway.bootstrap, topic)
+    tid = _topic("tid")
+    p = _producer(gateway.bootstrap, tid, **{"transaction.timeout.ms": 45000})
+    p.begin_transaction()
+    p.produce(topic, value=b"open", partition=1)
+    p.flush(30)
+    raw = Raw(gateway)
+    [state] = raw.call(ApiKey.DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": [tid]}).transaction_states
+    assert (state.error_code, state.transaction_state, state.transaction_timeout_ms) == (E.NONE, "Ongoing", 45000)
+    assert [(t.topic, list(t.partitions)) for t in state.topics] == [(topic, [1])]
+    listed = raw.call(ApiKey.LIST_TRANSACTIONS, 1, {"state_filters": ["Ongoing"], "producer_id_filters": [],
+                                                    "duration_filter": -1})
+    assert (tid, state.producer_id) in {(t.transactional_id, t.producer_id) for t in listed.transaction_states}
+    producers = raw.call(ApiKey.DESCRIBE_PRODUCERS, 0, {"topics": [{"name": topic, "partition_indexes": [1]}]})
+    [active] = producers.topics[0].partitions[0].active_producers
+    assert (active.producer_id, active.current_txn_start_offset) == (state.producer_id, 0)
+    p.commit_transaction(30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        [state] = raw.call(ApiKey.DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": [tid]}).transaction_states
+        if state.transaction_state == "CompleteCommit":
+            break
+        time.sleep(0.1)
+    assert state.transaction_state == "CompleteCommit"
+    [unknown] = raw.call(ApiKey.DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": ["never-used"]}).transaction_states
+    assert unknown.error_code == E.TRANSACTIONAL_ID_NOT_FOUND
+
+
 # ---- a cluster losing the gateway that decided --------------------------------------------
 
 def _coordinator_of(gw, tid: str) -> int:
