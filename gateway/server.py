@@ -131,10 +131,16 @@ class GatewayServer:
                 if session.closing:
                     return  # answered (a failed authentication); nothing more is read
         finally:
-            await responses.put(None)
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                # The gateway is stopping: answers still being waited for (a long poll, a
+                # client that reads nothing) must not hold the stop up.
+                write_task.cancel()
+            else:
+                await responses.put(None)
             try:
                 await write_task
-            except Exception:  # noqa: BLE001
+            except (Exception, asyncio.CancelledError):  # noqa: BLE001
                 pass
 
     async def _handle(self, frame: bytes, peer: str, session: Session):

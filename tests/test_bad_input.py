@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 import uuid
 
 import pytest
@@ -206,3 +207,21 @@ def test_a_damaged_sealed_segment_fails_only_its_partition(gateway_factory):
     assert parts[0].error_code == 56 and not parts[0].records  # KAFKA_STORAGE_ERROR
     assert parts[1].error_code == 0 and parts[1].records
     _round_trip_still_works(gw)
+
+
+def test_a_pending_long_poll_does_not_hold_up_the_stop(gateway):
+    """SIGTERM while a client waits on a 60 s long poll: the gateway stops at once."""
+    topic = f"idle-{uuid.uuid4().hex[:6]}"
+    p = Producer({"bootstrap.servers": gateway.bootstrap})
+    p.produce(topic, value=b"x")
+    assert p.flush(20) == 0
+    s = _connect(gateway)
+    s.sendall(encode_request(1, 4, 1, {
+        "replica_id": -1, "max_wait_ms": 60000, "min_bytes": 1 << 30, "max_bytes": 1 << 20,
+        "isolation_level": 0, "topics": [{"topic": topic, "partitions": [
+            {"partition": 0, "fetch_offset": 1, "partition_max_bytes": 1 << 20}]}]}))
+    time.sleep(0.5)  # the fetch is waiting
+    began = time.monotonic()
+    gateway.stop()
+    assert time.monotonic() - began < 10
+    s.close()

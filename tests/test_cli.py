@@ -407,7 +407,7 @@ def test_unreachable_broker_fails_within_the_timeout(argv):
 def test_help_and_entry_point():
     proc = cli("--help")
     assert proc.returncode == 0
-    for command in ("topics", "produce", "consume", "groups", "segments"):
+    for command in ("topics", "produce", "consume", "groups", "transactions", "segments"):
         assert command in proc.stdout.decode()
     from stratalog.infra.cli import main
 

@@ -51,13 +51,22 @@ def marker_batch(producer_id: int, producer_epoch: int, *, commit: bool, coordin
 def marker_commits(batch: bytes | memoryview, header: BatchHeader) -> bool:
     """Whether a control batch is a commit marker (False: abort). Raises CorruptBatch for a
     control batch that is not a marker this format knows."""
-    records = decode_records(batch)
+    return decode_marker(batch, header)[0]
+
+
+def decode_marker(batch: bytes | memoryview, header: BatchHeader, *,
+                  validate_crc: bool = True) -> tuple[bool, int]:
+    """(commits, coordinator epoch) of a control batch; CorruptBatch if it is no marker."""
+    records = decode_records(batch, validate_crc=validate_crc)
     if len(records) != 1 or records[0].key is None or len(records[0].key) < _CONTROL_KEY.size:
         raise CorruptBatch(f"control batch at {header.base_offset} holds no marker")
     _version, kind = _CONTROL_KEY.unpack_from(records[0].key)
     if kind not in (ABORT, COMMIT):
         raise CorruptBatch(f"control batch at {header.base_offset} has unknown type {kind}")
-    return kind == COMMIT
+    value = records[0].value or b""
+    if len(value) < _CONTROL_VALUE.size:
+        raise CorruptBatch(f"control batch at {header.base_offset} has a short marker value")
+    return kind == COMMIT, _CONTROL_VALUE.unpack_from(value)[1]
 
 
 def encode_txnindex(entries: list[AbortedTxn]) -> bytes:

@@ -27,6 +27,7 @@ COMMANDS = (
     "stratalog.infra.cli.produce",
     "stratalog.infra.cli.consume",
     "stratalog.infra.cli.groups",
+    "stratalog.infra.cli.transactions",
     "stratalog.infra.cli.users",
     "stratalog.infra.cli.acls",
     "stratalog.infra.cli.segments",

@@ -37,6 +37,8 @@ _STOP = {
 }
 # Poll in short slices so Ctrl-C is noticed promptly.
 _POLL_SLICE = 0.2
+ISOLATION_LEVELS = ("read_uncommitted", "read_committed")
+DEFAULT_ISOLATION_LEVEL = "read_uncommitted"
 
 
 def add_parser(subparsers) -> None:
@@ -67,6 +69,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--print-timestamp", action="store_true", help="print timestamp:MS before the record")
     p.add_argument("--key-separator", default="\t", metavar="SEP",
                    help="between key and value with --print-key (default: a tab)")
+    p.add_argument("--isolation-level", choices=ISOLATION_LEVELS, metavar="LEVEL",
+                   help="read_committed: only records of committed transactions, up to the last "
+                        "stable offset; read_uncommitted: every record, aborted ones included "
+                        "(default read_uncommitted, as kafka-console-consumer; librdkafka's own "
+                        "default is read_committed)")
     add_connection_options(p, timeout=False)
 
 
@@ -189,6 +196,17 @@ def _reset_policy(args: argparse.Namespace) -> str:
     return "earliest" if args.from_beginning else "latest"
 
 
+def _isolation_level(args: argparse.Namespace, cluster: Cluster) -> str:
+    """--isolation-level, else isolation.level from --command-config, else the default."""
+    configured = cluster.properties.get("isolation.level")
+    if args.isolation_level is None:
+        return configured or DEFAULT_ISOLATION_LEVEL
+    if configured is not None and configured != args.isolation_level:
+        raise CliError(f"--isolation-level {args.isolation_level} contradicts --command-config "
+                       f"isolation.level={configured}")
+    return args.isolation_level
+
+
 def run(args: argparse.Namespace) -> int:
     if args.key_separator == "":
         raise CliError("--key-separator must not be empty")
@@ -203,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
         "enable.auto.commit": grouped,
         "auto.offset.reset": _reset_policy(args),
         "enable.partition.eof": False,
+        "isolation.level": _isolation_level(args, cluster),
     })
     session = Session(args, cluster, consumer)
     try:

@@ -17,6 +17,7 @@ from stratalog.tiering.compression import CODEC_NAMES
 from stratalog.tiering.errors import CorruptObject
 from stratalog.tiering.index import OffsetIndex, TimeIndex
 from stratalog.tiering.manifest import read_manifest
+from stratalog.tiering.txn import AbortedTxn, decode_marker, decode_txnindex, marker_commits
 from stratalog.tiering.wal import read_wal
 
 from stratalog.infra.cli.common import format_table
@@ -51,6 +52,8 @@ class Dumper:
         self.problems: list[str] = []
         self._lines: list[str] = []
         self._key = ""
+        # Markers seen by the last _batches call: offset -> (commits, producer id).
+        self._markers: dict[int, tuple[bool, int]] = {}
 
     def _out(self, line: str) -> None:
         self._lines.append(line)
@@ -66,15 +69,17 @@ class Dumper:
         if kind == WAL:
             self._wal(key, parsed, await self.store.get(key))
         elif kind == SEGMENT and parsed.ext == layout.LOG:
-            self._log(key, parsed, await self.store.get(key))
+            await self._log(key, parsed, await self.store.get(key))
         elif kind == SEGMENT and parsed.ext in (layout.INDEX, layout.TIMEINDEX):
             await self._index(key, parsed, await self.store.get(key))
+        elif kind == SEGMENT and parsed.ext == layout.TXNINDEX:
+            await self._txnindex(key, parsed, await self.store.get(key))
         elif kind == MANIFEST:
             await self._manifest(key, parsed, await self.store.get(key))
         else:
             await self.store.size(key)  # a missing object is reported as missing
             self._out(f"{key}")
-            self._problem("not a WAL object, segment .log/.index/.timeindex or manifest key")
+            self._problem("not a WAL object, segment .log/.index/.timeindex/.txnindex or manifest key")
         # A blank line after each object keeps several dumps apart.
         self.emit("\n".join(self._lines) + "\n")
 
@@ -100,13 +105,65 @@ class Dumper:
 
     # segment files
 
-    def _log(self, key: str, parsed, data: bytes) -> None:
+    async def _log(self, key: str, parsed, data: bytes) -> None:
         self._out(f"log {key}  topic {parsed.topic}  partition {parsed.partition}  "
                   f"base-offset {parsed.base_offset}  leader-epoch {parsed.leader_epoch}  size {len(data)}")
         headers = self._batches(data, "  ")
         if headers and headers[0].base_offset < parsed.base_offset:
             self._problem(f"first batch starts at offset {headers[0].base_offset}, "
                           f"below the segment's base offset {parsed.base_offset}")
+        # A .txnindex exists only beside abort markers, and not for every one of them: a
+        # marker for a transaction that wrote nothing here aborts nothing.
+        if any(not commits for commits, _ in self._markers.values()):
+            txnindex_key = key[: -len(parsed.ext)] + layout.TXNINDEX
+            aborted = await self._aborted(txnindex_key, required=False)
+            if aborted is not None:
+                self._aborted_table(aborted, f"  aborted transactions ({txnindex_key})")
+                self._check_aborted(aborted, self._markers)
+
+    async def _aborted(self, key: str, *, required: bool) -> list[AbortedTxn] | None:
+        """The entries of a .txnindex; None if it is missing (a problem if `required`) or
+        does not decode (a problem)."""
+        from stratalog.tiering.objectstore import ObjectNotFound
+
+        try:
+            data = await self.store.get(key)
+        except ObjectNotFound:
+            if required:
+                self._problem(f"{key} does not exist")
+            return None
+        try:
+            return decode_txnindex(data, key)
+        except CorruptObject as exc:
+            self._problem(str(exc))
+            return None
+
+    def _aborted_table(self, aborted: list[AbortedTxn], title: str) -> None:
+        self._out(f"{title}  {len(aborted)}")
+        if aborted:
+            rows = [[a.producer_id, a.first_offset, a.last_offset, a.last_stable_offset] for a in aborted]
+            self._lines += _indent(format_table(["PRODUCER-ID", "FIRST-OFFSET", "LAST-OFFSET", "LSO"], rows), "    ")
+
+    def _check_aborted(self, aborted: list[AbortedTxn], markers: dict[int, tuple[bool, int]]) -> None:
+        """Every entry must end at an ABORT marker of its producer in the segment."""
+        for a in aborted:
+            if markers.get(a.last_offset) != (False, a.producer_id):
+                self._problem(f"aborted transaction of producer {a.producer_id} ends at offset {a.last_offset}, "
+                              f"which is not an ABORT marker of that producer in the log")
+
+    async def _txnindex(self, key: str, parsed, data: bytes) -> None:
+        self._out(f"txnindex {key}  topic {parsed.topic}  partition {parsed.partition}  "
+                  f"base-offset {parsed.base_offset}  size {len(data)}")
+        try:
+            aborted = decode_txnindex(data, key)
+        except CorruptObject as exc:
+            self._problem(str(exc))
+            return
+        self._aborted_table(aborted, "  aborted transactions")
+        if self.deep:
+            log = await self._sibling_log(key, parsed)
+            if log is not None:
+                self._check_aborted(aborted, self._markers_in(*log))
 
     def _batches(self, data, indent: str) -> list[BatchHeader]:
         """Prints every batch (and, if asked, record) in `data`; returns the headers."""
@@ -114,6 +171,7 @@ class Dumper:
         view = memoryview(data)
         headers = []
         previous: BatchHeader | None = None
+        self._markers = {}
         for position, header in found:
             crc_ok = batch_crc_valid(view, position)
             self._out(indent + _batch_line(position, header, crc_ok))
@@ -123,15 +181,45 @@ class Dumper:
             if previous is not None and header.base_offset <= previous.last_offset:
                 self._problem(f"batch at position {position} starts at offset {header.base_offset}, "
                               f"not after {previous.last_offset}", indent + "  ")
-            if crc_ok and (self.print_records or self.deep):
-                self._records(view[position:position + header.size], header, indent + "  ")
+            batch = view[position:position + header.size]
+            if crc_ok and header.is_control:
+                self._marker(batch, header, indent + "  ")
+            elif crc_ok and (self.print_records or self.deep):
+                self._records(batch, header, indent + "  ")
             headers.append(header)
             previous = header
         if valid != len(view):
             self._problem(f"{len(view) - valid} bytes at position {valid} are not a whole batch "
                           f"(torn or corrupt tail)", indent)
-        self._out(f"{indent}batches {len(found)}  records {sum(h.records_count for h in headers)}")
+        markers = f"  markers {len(self._markers)}" if self._markers else ""
+        self._out(f"{indent}batches {len(found)}  records {sum(h.records_count for h in headers)}{markers}")
         return headers
+
+    def _marker(self, batch: memoryview, header: BatchHeader, indent: str) -> None:
+        """A control batch: its COMMIT or ABORT marker, instead of its record."""
+        try:
+            commits, coordinator_epoch = decode_marker(batch, header, validate_crc=False)
+        except _DECODE_ERRORS as exc:
+            self._problem(f"control batch at base offset {header.base_offset} is not a marker: {exc}", indent)
+            return
+        self._markers[header.base_offset] = (commits, header.producer_id)
+        self._out(f"{indent}marker {'COMMIT' if commits else 'ABORT'}  offset {header.base_offset}  "
+                  f"producer {header.producer_id}/{header.producer_epoch}  "
+                  f"coordinator-epoch {coordinator_epoch}")
+
+    @staticmethod
+    def _markers_in(data: bytes, log: list[tuple[int, BatchHeader]]) -> dict[int, tuple[bool, int]]:
+        """offset -> (commits, producer id) of the markers among a log's (CRC-checked) batches."""
+        view = memoryview(data)
+        out = {}
+        for position, header in log:
+            if header.is_control:
+                try:
+                    commits = marker_commits(view[position:position + header.size], header)
+                except _DECODE_ERRORS:
+                    continue  # not a marker: checked when the .log itself is dumped
+                out[header.base_offset] = (commits, header.producer_id)
+        return out
 
     def _records(self, batch: memoryview, header: BatchHeader, indent: str) -> None:
         try:
@@ -166,9 +254,10 @@ class Dumper:
         if self.deep:
             log = await self._sibling_log(key, parsed)
             if log is not None:
-                (_check_offset_index if is_offsets else _check_time_index)(entries, log, self._problem)
+                (_check_offset_index if is_offsets else _check_time_index)(entries, log[1], self._problem)
 
-    async def _sibling_log(self, key: str, parsed) -> list[tuple[int, BatchHeader]] | None:
+    async def _sibling_log(self, key: str, parsed) -> tuple[bytes, list[tuple[int, BatchHeader]]] | None:
+        """The segment's .log and its CRC-checked batches, or None (a problem) if missing."""
         log_key = key[: -len(parsed.ext)] + layout.LOG
         from stratalog.tiering.objectstore import ObjectNotFound
 
@@ -177,7 +266,7 @@ class Dumper:
         except ObjectNotFound:
             self._problem(f"its log {log_key} does not exist")
             return None
-        return scan_batches(data, validate_crc=True)[0]
+        return data, scan_batches(data, validate_crc=True)[0]
 
     # manifests
 
@@ -196,9 +285,10 @@ class Dumper:
                           f"which is not what its key says")
         if m.segments:
             rows = [[s.base_offset, s.last_offset, s.size, s.min_timestamp, s.max_timestamp,
-                     s.leader_epoch, s.key_base] for s in m.segments]
+                     s.leader_epoch, s.aborted_txns, s.key_base] for s in m.segments]
             self._lines += _indent(format_table(
-                ["BASE", "LAST", "SIZE", "MIN-TIMESTAMP", "MAX-TIMESTAMP", "EPOCH", "KEY-BASE"], rows), "  ")
+                ["BASE", "LAST", "SIZE", "MIN-TIMESTAMP", "MAX-TIMESTAMP", "EPOCH", "ABORTED", "KEY-BASE"], rows),
+                "  ")
         if self.deep:
             from stratalog.tiering.objectstore import ObjectNotFound
 
@@ -210,6 +300,11 @@ class Dumper:
                     continue
                 if size != s.size:
                     self._problem(f"segment {s.key_base}{layout.LOG} is {size} bytes, the manifest says {s.size}")
+                if s.aborted_txns:
+                    aborted = await self._aborted(s.key_base + layout.TXNINDEX, required=True)
+                    if aborted is not None and len(aborted) != s.aborted_txns:
+                        self._problem(f"{s.key_base}{layout.TXNINDEX} lists {len(aborted)} aborted "
+                                      f"transactions, the manifest says {s.aborted_txns}")
 
 
 def _batch_line(position: int, h: BatchHeader, crc_ok: bool) -> str:

@@ -1,7 +1,8 @@
 """`stratalog segments ls|dump`: inspect the object store directly, without a broker.
 
 `ls` lists WAL objects, segment files and manifests with their sizes; `dump` decodes
-objects by what their key says they are. Problems found while decoding (a CRC mismatch,
+objects by what their key says they are (transaction markers as markers, `.txnindex`
+sidecars as aborted transactions). Problems found while decoding (a CRC mismatch,
 a torn tail, an index entry that misses the log) are printed where they occur and end
 the command with one error line and a non-zero status.
 """
@@ -32,13 +33,16 @@ def add_parser(subparsers) -> None:
     _add_store_options(p)
     p.set_defaults(run=run_ls)
 
-    p = actions.add_parser("dump", help="decode objects: WAL, .log, .index, .timeindex or manifest",
-                           description="Decode each KEY; a KEY ending in '/' means every object under it.")
+    p = actions.add_parser("dump", help="decode objects: WAL, .log, .index, .timeindex, .txnindex or manifest",
+                           description="Decode each KEY; a KEY ending in '/' means every object under it. "
+                                       "Control batches show as their COMMIT/ABORT marker; a .log "
+                                       "with abort markers also lists its .txnindex's aborted transactions.")
     p.add_argument("keys", nargs="+", metavar="KEY")
     p.add_argument("--print-records", action="store_true", help="print every record of every batch")
     p.add_argument("--deep", action="store_true",
-                   help="also decode every record (decompression, framing), check .index/.timeindex "
-                        "entries against their .log, and check that a manifest's segments exist")
+                   help="also decode every record (decompression, framing), check .index/.timeindex/"
+                        ".txnindex entries against their .log, and check that a manifest's segments "
+                        "(and their .txnindex) exist")
     _add_store_options(p)
     p.set_defaults(run=run_dump)
 
