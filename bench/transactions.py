@@ -50,8 +50,12 @@ def produce(bootstrap: str, topic: str, mib: int, txn_size: int | None) -> tuple
     if txn_size is not None:
         conf["transactional.id"] = f"{topic}-producer"
     p = Producer(conf)
+    # Warm up outside the clock: connections, metadata and the producer id.
     if txn_size is not None:
         p.init_transactions(30)
+        p.begin_transaction()
+    p.produce(topic, value=b"warm-up", partition=0)
+    p.commit_transaction(30) if txn_size is not None else p.flush(30)
     value = b"x" * RECORD
     total = mib * 1024 * 1024 // RECORD
     commits: list[float] = []
