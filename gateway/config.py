@@ -96,6 +96,7 @@ BROKER_SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("auto.create.topics.enable", True, _bool, "Create a topic when a client asks for its metadata or produces to it."),
     _s("message.max.bytes", 1048588, _int, "Largest record batch a topic accepts (topic: max.message.bytes).", 0),
     _s("socket.request.max.bytes", 100 * MiB, _int, "Largest request frame; larger frames close the connection.", 1),
+    _s("fetch.max.bytes", 55 * MiB, _int, "Most bytes one Fetch response holds, whatever its max_bytes asks (at least one batch is always returned).", 1024),
     _s("log.segment.bytes", 64 * MiB, _int, "Seal the active segment at this size (topic: segment.bytes).", 14),
     _s("log.roll.ms", 600_000, _int, "Seal the active segment this long after its first record (topic: segment.ms).", 1),
     _s("log.retention.ms", 604_800_000, _int, "Delete sealed segments older than this; -1 keeps forever (topic: retention.ms).", -1),

@@ -225,3 +225,32 @@ def test_a_pending_long_poll_does_not_hold_up_the_stop(gateway):
     gateway.stop()
     assert time.monotonic() - began < 10
     s.close()
+
+
+def _fetch_all(gw, topic: str, copies: int, max_bytes: int):
+    s = _connect(gw)
+    try:
+        s.sendall(encode_request(1, 11, 1, {
+            "replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": max_bytes,
+            "isolation_level": 0, "session_id": 0, "session_epoch": -1, "rack_id": "",
+            "topics": [{"topic": topic, "partitions": [
+                {"partition": 0, "fetch_offset": 0, "partition_max_bytes": max_bytes,
+                 "current_leader_epoch": -1, "log_start_offset": -1}] * copies}],
+            "forgotten_topics_data": []}))
+        _, resp = decode_response(1, 11, _recv_frame(s))
+        return resp.responses[0].partitions
+    finally:
+        s.close()
+
+
+def test_a_fetch_is_bounded_by_fetch_max_bytes_and_answers_a_partition_once(gateway_factory):
+    gw = gateway_factory(settings={"fetch.max.bytes": 64 * 1024})
+    topic = f"amplify-{uuid.uuid4().hex[:6]}"
+    p = Producer({"bootstrap.servers": gw.bootstrap, "linger.ms": 0, "batch.size": 2048})
+    for _ in range(200):
+        p.produce(topic, value=b"x" * 1000)
+        p.poll(0)
+    assert p.flush(20) == 0
+    parts = _fetch_all(gw, topic, copies=100, max_bytes=50 << 20)
+    assert len(parts) == 1  # not 100 copies
+    assert 0 < len(parts[0].records) <= 64 * 1024 + 4096  # the cap, plus at most one batch

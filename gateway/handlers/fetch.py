@@ -2,7 +2,9 @@
 
 Batches go out exactly as they were appended (never re-encoded). The first partition
 with data always gets at least one whole batch, even past `max_bytes`, so a consumer can
-never stall on a large batch; after that, partitions are filled while they fit.
+never stall on a large batch; after that, partitions are filled while they fit in
+`max_bytes`, which the broker's `fetch.max.bytes` caps. A partition listed more than once
+is answered once.
 
 READ_COMMITTED fetches stop at the last stable offset and list the aborted transactions
 in the range, whose records the client drops; only leaders know them, so a replica
@@ -33,14 +35,19 @@ READ_COMMITTED = 1
 
 
 async def _read_all(broker, req, version: int, readable) -> tuple[list, int]:
-    remaining = req.max_bytes if version >= 3 else 0x7FFFFFFF
+    remaining = min(req.max_bytes if version >= 3 else 0x7FFFFFFF, broker.config["fetch.max.bytes"])
     committed_only = req.isolation_level == READ_COMMITTED
+    seen: set[tuple[str, int]] = set()
     total = 0
     responses = []
     for t in req.topics:
         name, topic_id = _resolve_topic(broker, t, version)
         parts = []
         for p in t.partitions:
+            key = (t.topic if version < 13 else str(t.topic_id), p.partition)
+            if key in seen:
+                continue  # a partition asked for twice is answered once, as Kafka keys a fetch
+            seen.add(key)
             entry = {"partition_index": p.partition, "error_code": 0, "high_watermark": -1,
                      "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None,
                      "preferred_read_replica": -1, "records": b""}
