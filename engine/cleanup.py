@@ -128,6 +128,13 @@ class Cleaner:
         hi = max(s.last_offset for s in removed)
         if any(a.base_offset < lo or a.last_offset > hi or a.base_offset > a.last_offset for a in add):
             raise SwapRefused(f"new segments must lie within offsets {lo}-{hi}")
+        own = layout.partition_segment_prefix(plog.topic, plog.topic_id, plog.partition)
+        foreign = [a.key_base for a in add if not a.key_base.startswith(own) or "/" in a.key_base[len(own):]]
+        if foreign:
+            # Another partition's or topic's objects would be served as this partition's,
+            # past the topic ACLs that guard them.
+            raise SwapRefused(f"new segments must be objects of this partition (under {own}), "
+                              f"not {foreign[0]}")
         if removed[-1] is plog.sealed[-1] and add:
             # Recovery restores producer state from the newest segment: keep it there.
             last = max(add, key=lambda a: a.last_offset)

@@ -87,3 +87,42 @@ def test_a_short_or_missing_token_file_stops_serve(gateway_factory, tmp_path):
                               "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
                               "--set", f"http.admin.token.file={path}"], capture_output=True, text=True, timeout=60)
         assert out.returncode == 1 and message in out.stderr, out.stderr
+
+
+def test_replace_refuses_objects_of_another_partition(gateway_factory):
+    """A swap may only name objects under the partition's own prefix: pointing a partition at
+    another topic's segments would serve them past that topic's ACLs."""
+    import json
+    import time
+
+    from stratalog.spark.metadata import ManifestMetadata, TopicNotFound
+    from stratalog.spark.objects import StoreSpec
+
+    gw = gateway_factory(settings={"log.roll.ms": 300})
+    topic, other = f"own-{uuid.uuid4().hex[:6]}", f"secret-{uuid.uuid4().hex[:6]}"
+    p = Producer({"bootstrap.servers": gw.bootstrap, "acks": "all"})
+    for t in (topic, other):
+        p.produce(t, value=b"x" * 100)
+    assert p.flush(20) == 0
+    meta = {t: ManifestMetadata(StoreSpec((gw.data_dir / "objects").as_uri()).open(), t) for t in (topic, other)}
+    deadline = time.monotonic() + 30
+    segments = {}
+    while len(segments) < 2 and time.monotonic() < deadline:
+        for t, m in meta.items():
+            try:
+                segs = m.snapshot().partitions[0].segments
+                if segs:
+                    segments[t] = segs[0]
+            except TopicNotFound:
+                pass
+        time.sleep(0.2)
+    mine, theirs = segments[topic], segments[other]
+    body = {"remove": [mine.base_offset], "add": [{
+        "base_offset": mine.base_offset, "last_offset": mine.last_offset, "key_base": theirs.key_base,
+        "size": theirs.size, "min_timestamp": theirs.min_timestamp, "max_timestamp": theirs.max_timestamp,
+        "leader_epoch": theirs.leader_epoch}]}
+    req = urllib.request.Request(gw.http_url + f"/v1/topics/{topic}/partitions/0/segments/replace",
+                                 data=json.dumps(body).encode(), method="POST")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=10)
+    assert e.value.code == 409 and "objects of this partition" in e.value.read().decode()
