@@ -30,9 +30,21 @@ def _bool(v: Any) -> bool:
 
 
 def _int(v: Any) -> int:
+    """A Kafka LONG: a 64-bit integer."""
     if isinstance(v, bool):
         raise ValueError(f"not an integer: {v!r}")
-    return int(str(v).strip())
+    value = int(str(v).strip())
+    if not -(2**63) <= value < 2**63:
+        raise ValueError(f"{value} is outside the range of a 64-bit integer")
+    return value
+
+
+def _int32(v: Any) -> int:
+    """A Kafka INT: a 32-bit integer, as its ConfigDef types the setting."""
+    value = _int(v)
+    if not -(2**31) <= value < 2**31:
+        raise ValueError(f"{value} is above the largest value of this setting, {2**31 - 1}")
+    return value
 
 
 def _choice(*allowed: str) -> Callable[[Any], str]:
@@ -88,21 +100,21 @@ def _s(name, default, parse, doc, minimum=None, sensitive=False) -> Setting:
 MiB = 1024 * 1024
 
 BROKER_SETTINGS: dict[str, Setting] = {s.name: s for s in [
-    _s("broker.id", -1, _int, "This gateway's node id; -1 picks one (embedded: 1)."),
-    _s("broker.session.timeout.ms", 6000, _int, "Lease of a gateway's registration: after this long without renewal its partitions move.", 1000),
+    _s("broker.id", -1, _int32, "This gateway's node id; -1 picks one (embedded: 1)."),
+    _s("broker.session.timeout.ms", 6000, _int32, "Lease of a gateway's registration: after this long without renewal its partitions move.", 1000),
     _s("replica.lag.time.max.ms", 30_000, _int, "A replica that has not caught up for this long leaves the ISR.", 1),
-    _s("num.partitions", 1, _int, "Partitions of an auto-created topic.", 1),
-    _s("default.replication.factor", 1, _int, "Replication factor of an auto-created topic.", 1),
+    _s("num.partitions", 1, _int32, "Partitions of an auto-created topic.", 1),
+    _s("default.replication.factor", 1, _int32, "Replication factor of an auto-created topic.", 1),
     _s("auto.create.topics.enable", True, _bool, "Create a topic when a client asks for its metadata or produces to it."),
-    _s("message.max.bytes", 1048588, _int, "Largest record batch a topic accepts (topic: max.message.bytes).", 0),
-    _s("socket.request.max.bytes", 100 * MiB, _int, "Largest request frame; larger frames close the connection.", 1),
-    _s("fetch.max.bytes", 55 * MiB, _int, "Most bytes one Fetch response holds, whatever its max_bytes asks (at least one batch is always returned).", 1024),
-    _s("log.segment.bytes", 64 * MiB, _int, "Seal the active segment at this size (topic: segment.bytes).", 14),
+    _s("message.max.bytes", 1048588, _int32, "Largest record batch a topic accepts (topic: max.message.bytes).", 0),
+    _s("socket.request.max.bytes", 100 * MiB, _int32, "Largest request frame; larger frames close the connection.", 1),
+    _s("fetch.max.bytes", 55 * MiB, _int32, "Most bytes one Fetch response holds, whatever its max_bytes asks (at least one batch is always returned).", 1024),
+    _s("log.segment.bytes", 64 * MiB, _int32, "Seal the active segment at this size (topic: segment.bytes).", 14),
     _s("log.roll.ms", 600_000, _int, "Seal the active segment this long after its first record (topic: segment.ms).", 1),
     _s("log.retention.ms", 604_800_000, _int, "Delete sealed segments older than this; -1 keeps forever (topic: retention.ms).", -1),
     _s("log.retention.bytes", -1, _int, "Delete the oldest segments past this size per partition; -1 no limit (topic: retention.bytes).", -1),
     _s("log.retention.check.interval.ms", 60_000, _int, "How often retention and WAL garbage collection run.", 1),
-    _s("log.index.interval.bytes", 4096, _int, "Bytes between sparse index entries (topic: index.interval.bytes).", 0),
+    _s("log.index.interval.bytes", 4096, _int32, "Bytes between sparse index entries (topic: index.interval.bytes).", 0),
     _s("log.cleanup.policy", "delete", _policy, "delete, compact or both (topic: cleanup.policy)."),
     _s("log.message.timestamp.type", "CreateTime", _choice("CreateTime", "LogAppendTime"), "Topic: message.timestamp.type."),
     _s("log.cleaner.delete.retention.ms", 86_400_000, _int, "How long tombstones survive compaction (topic: delete.retention.ms).", 0),
@@ -122,7 +134,7 @@ BROKER_SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("sasl.oauthbearer.expected.issuer", "", _str, "The iss every token must have (empty: not checked)."),
     _s("sasl.oauthbearer.expected.audience", "", _str, "Audiences, comma-separated, one of which every token's aud must name (empty: not checked)."),
     _s("sasl.oauthbearer.sub.claim.name", "sub", _str, "The claim that names the principal."),
-    _s("sasl.oauthbearer.clock.skew.seconds", 30, _int, "Clock skew allowed when checking exp and nbf.", 0),
+    _s("sasl.oauthbearer.clock.skew.seconds", 30, _int32, "Clock skew allowed when checking exp and nbf.", 0),
     _s("etcd.ssl.ca.location", "", _str, "PEM CA bundle of an etcd served over TLS (etcd:// coordinators)."),
     _s("etcd.ssl.certificate.location", "", _str, "Client certificate for etcd's --client-cert-auth."),
     _s("etcd.ssl.key.location", "", _str, "Key of etcd.ssl.certificate.location."),
@@ -133,19 +145,19 @@ BROKER_SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("ssl.truststore.location", "", _str, "PEM bundle of the CAs client certificates must chain to."),
     _s("ssl.client.auth", "none", _choice("none", "requested", "required"), "Client certificates on TLS listeners (mTLS)."),
     _s("ssl.principal.mapping.rules", "DEFAULT", _str, "RULE:pattern/replacement/[LU],...,DEFAULT: a client certificate's subject to a user name."),
-    _s("wal.flush.ms", -1, _int, "Least time between the starts of two WAL flushes (a flush starts once the previous one is done and batches wait); -1: 200 for s3://, 0 for file:// (group commit, one fsync after another).", -1),
-    _s("wal.flush.bytes", 8 * MiB, _int, "Flush the WAL buffer once it holds this many bytes.", 1),
-    _s("s3.connect.timeout.ms", 10_000, _int, "S3 connection timeout per attempt.", 1),
-    _s("s3.read.timeout.ms", 60_000, _int, "S3 response timeout per attempt; a stalled request is retried after it.", 1),
-    _s("s3.max.attempts", 6, _int, "Attempts per S3 request (jittered backoff between them) before an operation fails and is retried by its caller.", 1),
-    _s("group.initial.rebalance.delay.ms", 3000, _int, "Wait for more members before the first rebalance of an empty group.", 0),
-    _s("group.min.session.timeout.ms", 6000, _int, "Smallest session timeout a consumer may ask for.", 1),
-    _s("group.max.session.timeout.ms", 1_800_000, _int, "Largest session timeout a consumer may ask for.", 1),
+    _s("wal.flush.ms", -1, _int32, "Least time between the starts of two WAL flushes (a flush starts once the previous one is done and batches wait); -1: 200 for s3://, 0 for file:// (group commit, one fsync after another).", -1),
+    _s("wal.flush.bytes", 8 * MiB, _int32, "Flush the WAL buffer once it holds this many bytes.", 1),
+    _s("s3.connect.timeout.ms", 10_000, _int32, "S3 connection timeout per attempt.", 1),
+    _s("s3.read.timeout.ms", 60_000, _int32, "S3 response timeout per attempt; a stalled request is retried after it.", 1),
+    _s("s3.max.attempts", 6, _int32, "Attempts per S3 request (jittered backoff between them) before an operation fails and is retried by its caller.", 1),
+    _s("group.initial.rebalance.delay.ms", 3000, _int32, "Wait for more members before the first rebalance of an empty group.", 0),
+    _s("group.min.session.timeout.ms", 6000, _int32, "Smallest session timeout a consumer may ask for.", 1),
+    _s("group.max.session.timeout.ms", 1_800_000, _int32, "Largest session timeout a consumer may ask for.", 1),
     _s("remote.cache.bytes", -1, _int, "Disk cache for sealed-segment reads; 0 reads straight from the object store; -1: 1 GiB for s3://, none for file:// (already local disk).", -1),
-    _s("remote.log.manager.copier.thread.pool.size", 4, _int, "Sealed segments uploaded at once; each holds at most a multipart part or two in memory.", 1),
-    _s("producer.id.expiration.ms", 86_400_000, _int, "Forget an idle idempotent producer after this long.", 1),
-    _s("transaction.max.timeout.ms", 900_000, _int, "Largest transaction.timeout.ms a transactional producer may ask for.", 1),
-    _s("transaction.abort.timed.out.transaction.cleanup.interval.ms", 10_000, _int, "How often a coordinator looks for transactions open past their timeout, and aborts them.", 1),
+    _s("remote.log.manager.copier.thread.pool.size", 4, _int32, "Sealed segments uploaded at once; each holds at most a multipart part or two in memory.", 1),
+    _s("producer.id.expiration.ms", 86_400_000, _int32, "Forget an idle idempotent producer after this long.", 1),
+    _s("transaction.max.timeout.ms", 900_000, _int32, "Largest transaction.timeout.ms a transactional producer may ask for.", 1),
+    _s("transaction.abort.timed.out.transaction.cleanup.interval.ms", 10_000, _int32, "How often a coordinator looks for transactions open past their timeout, and aborts them.", 1),
 ]}
 
 # topic config -> the broker setting that gives its default

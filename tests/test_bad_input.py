@@ -254,3 +254,25 @@ def test_a_fetch_is_bounded_by_fetch_max_bytes_and_answers_a_partition_once(gate
     parts = _fetch_all(gw, topic, copies=100, max_bytes=50 << 20)
     assert len(parts) == 1  # not 100 copies
     assert 0 < len(parts[0].records) <= 64 * 1024 + 4096  # the cap, plus at most one batch
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name, value", [("segment.bytes", "99999999999999"), ("segment.bytes", "13"),
+                                         ("max.message.bytes", str(2**31)), ("retention.ms", str(2**63)),
+                                         ("segment.ms", "soon")])
+def test_config_values_are_checked_like_kafkas_configdef(name, value):
+    from stratalog.gateway.config import ConfigError, parse_value
+
+    with pytest.raises(ConfigError, match=name):
+        parse_value(name, value)
+
+
+def test_a_topic_config_out_of_range_is_refused_with_invalid_config(gateway):
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": gateway.bootstrap})
+    topic = f"ranged-{uuid.uuid4().hex[:6]}"
+    with pytest.raises(ck.KafkaException) as refused:
+        admin.create_topics([NewTopic(topic, 1, 1, config={"segment.bytes": "99999999999999"})])[topic].result(15)
+    assert refused.value.args[0].code() == ck.KafkaError.INVALID_CONFIG
+    assert "2147483647" in refused.value.args[0].str()
