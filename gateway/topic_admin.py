@@ -23,6 +23,26 @@ from .errors import KafkaError
 from .protocol.error_codes import ErrorCode
 
 TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+# Kafka's controller refuses an operation of more than 10,000 records, a partition being one:
+# one CreateTopics or CreatePartitions request creates at most this many partitions.
+MAX_PARTITIONS_PER_REQUEST = 10_000
+
+
+class PartitionBudget:
+    """The partitions one request may still create (MAX_PARTITIONS_PER_REQUEST in all)."""
+
+    def __init__(self, limit: int = MAX_PARTITIONS_PER_REQUEST):
+        self.left = limit
+
+    def take(self, count: int, topic: str) -> None:
+        if count > self.left:
+            raise KafkaError(ErrorCode.POLICY_VIOLATION,
+                             f"topic {topic!r}: {count} new partitions would take this request past "
+                             f"{MAX_PARTITIONS_PER_REQUEST} partitions; create them in several requests")
+        self.left -= count
+
+    def give_back(self, count: int) -> None:
+        self.left += count
 
 
 def validate_topic_name(name: str) -> None:

@@ -276,3 +276,19 @@ def test_a_topic_config_out_of_range_is_refused_with_invalid_config(gateway):
         admin.create_topics([NewTopic(topic, 1, 1, config={"segment.bytes": "99999999999999"})])[topic].result(15)
     assert refused.value.args[0].code() == ck.KafkaError.INVALID_CONFIG
     assert "2147483647" in refused.value.args[0].str()
+
+
+def test_a_create_topics_past_the_partition_limit_is_refused_at_once(gateway):
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": gateway.bootstrap})
+    huge, small = f"huge-{uuid.uuid4().hex[:6]}", f"small-{uuid.uuid4().hex[:6]}"
+    began = time.monotonic()
+    futures = admin.create_topics([NewTopic(huge, 100_000, 1), NewTopic(small, 2, 1)])
+    with pytest.raises(ck.KafkaException) as refused:
+        futures[huge].result(15)
+    assert refused.value.args[0].code() == ck.KafkaError.POLICY_VIOLATION
+    assert "10000" in refused.value.args[0].str()
+    futures[small].result(15)  # the rest of the request is still served
+    assert time.monotonic() - began < 5
+    _round_trip_still_works(gateway)

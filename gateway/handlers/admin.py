@@ -7,6 +7,7 @@ from stratalog.gateway.auth.acls import CLUSTER_NAME, Operation, ResourceType, r
 from stratalog.gateway.config import BROKER_SETTINGS, TOPIC_CONFIGS
 from stratalog.gateway.errors import KafkaError, error_code, error_message
 from stratalog.gateway.protocol.error_codes import ErrorCode
+from stratalog.gateway.topic_admin import PartitionBudget
 
 from .metadata import may_create
 from .registry import ApiKey, RequestContext, handles
@@ -39,16 +40,24 @@ def _render(value) -> str:
 async def create_topics(ctx: RequestContext, req):
     broker = ctx.broker
     out = []
+    budget = PartitionBudget()
     for t in req.topics:
         row = {"name": t.name, "error_code": 0, "error_message": None}
+        count = 0
         try:
             if not may_create(ctx, t.name):
                 raise refusal(Operation.CREATE, ResourceType.TOPIC, t.name)
             if t.assignments:
                 raise KafkaError(ErrorCode.INVALID_REQUEST, "manual replica assignments are not supported")
             configs = {c.name: c.value for c in t.configs}
-            info = await broker.admin.create_topic(t.name, t.num_partitions, t.replication_factor, configs,
-                                             validate_only=req.validate_only)
+            count = max(t.num_partitions if t.num_partitions != -1 else broker.config["num.partitions"], 0)
+            budget.take(count, t.name)
+            try:
+                info = await broker.admin.create_topic(t.name, t.num_partitions, t.replication_factor, configs,
+                                                       validate_only=req.validate_only)
+            except Exception:
+                budget.give_back(count)
+                raise
             row.update(topic_id=info.topic_id, num_partitions=info.partitions,
                        replication_factor=info.replication_factor,
                        configs=[{"name": k, "value": _render(v), "read_only": False,
@@ -98,12 +107,14 @@ async def delete_topics(ctx: RequestContext, req):
 @handles(ApiKey.CREATE_PARTITIONS, 0, 3)
 async def create_partitions(ctx: RequestContext, req):
     out = []
+    budget = PartitionBudget()
     for t in req.topics:
         row = {"name": t.name, "error_code": 0, "error_message": None}
         try:
             ctx.require(Operation.ALTER, ResourceType.TOPIC, t.name)
             if t.assignments:
                 raise KafkaError(ErrorCode.INVALID_REQUEST, "manual replica assignments are not supported")
+            budget.take(max(t.count - (ctx.broker.partition_count(t.name) or 0), 0), t.name)
             await ctx.broker.admin.add_partitions(t.name, t.count, validate_only=req.validate_only)
         except Exception as e:  # noqa: BLE001
             row.update(_failure(e))
