@@ -15,6 +15,7 @@ from .auth.listeners import advertised_endpoints, parse_listeners
 from .auth.tls import ServerTls
 from .broker import Broker, start_step
 from .config import BrokerConfig, ConfigError
+from .connection_limits import ConnectionLimits
 from .http import HttpServer
 from .metrics import GatewayMetrics
 from .server import GatewayServer
@@ -117,11 +118,15 @@ class Gateway:
         try:
             listeners = parse_listeners(self.config, (self.host, self.port))
             tls = ServerTls(self.config) if any(ln.tls for ln in listeners) else None
+            limits = ConnectionLimits(self.config)
         except ConfigError as e:
             raise StartupError(str(e)) from None
+        if self.metrics is not None:
+            self.metrics.connection_limits = limits
         # Bind first: the advertised port of ":0" listeners is known only after binding.
         self.servers = [GatewayServer(None, ln, max_request_bytes=self.config["socket.request.max.bytes"],
-                                      metrics=self.metrics, tls=tls) for ln in listeners]
+                                      metrics=self.metrics, tls=tls, limits=limits,
+                                      idle_ms=self.config["connections.max.idle.ms"]) for ln in listeners]
         for server in self.servers:
             try:
                 await server.bind()

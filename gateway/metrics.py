@@ -29,6 +29,7 @@ class GatewayMetrics:
         self.wal_commit = Histogram("stratalog_wal_commit_seconds", "Coordinator commit of a WAL object",
                                     buckets=LATENCY_BUCKETS, registry=self.registry)
         self.broker = None
+        self.connection_limits = None  # the gateway's ConnectionLimits, set at start
         self._by_topic: dict[str, tuple] = {}
 
     def observe_request(self, api: str, seconds: float) -> None:
@@ -52,15 +53,16 @@ class GatewayMetrics:
     def attach(self, broker) -> None:
         """Collect the state readings of this broker on every scrape."""
         self.broker = broker
-        self.registry.register(_StateCollector(broker))
+        self.registry.register(_StateCollector(broker, self))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
 
 class _StateCollector:
-    def __init__(self, broker):
+    def __init__(self, broker, metrics: GatewayMetrics):
         self.broker = broker
+        self.metrics = metrics
 
     def collect(self):
         b = self.broker
@@ -94,3 +96,14 @@ class _StateCollector:
         for (group, topic, partition), value in b.group_lag.items():
             lag.add_metric([group, topic, str(partition)], value)
         yield lag
+        limits = self.metrics.connection_limits
+        if limits is not None:
+            open_ = GaugeMetricFamily("stratalog_connections", "Open client connections")
+            open_.add_metric([], limits.total)
+            yield open_
+            refused = CounterMetricFamily("stratalog_connections_refused",
+                                          "Connections closed at once by a connection quota",
+                                          labels=["limit"])
+            for reason, count in sorted(limits.refused.items()):
+                refused.add_metric([reason], count)
+            yield refused

@@ -18,10 +18,12 @@ import asyncio
 import logging
 import struct
 import time
+from dataclasses import dataclass, field
 
 from .auth.listeners import Listener
 from .auth.session import Session
 from .auth.tls import ServerTls, map_principal, subject_dn
+from .connection_limits import ConnectionLimits
 from .errors import serving
 from .handlers import load_handlers
 from .handlers.registry import HANDLERS, NO_RESPONSE, ApiKey, Deferred, RequestContext, supported_versions
@@ -45,11 +47,25 @@ def _failure_response(ctx: RequestContext, what: str) -> dict | None:
     return body
 
 
+@dataclass
+class _Activity:
+    """When a connection last sent a request or got an answer, and how many answers it
+    still awaits (a connection awaiting one is never idle)."""
+
+    last: float = field(default_factory=time.monotonic)
+    pending: int = 0
+
+
 class GatewayServer:
-    """One listener: its socket, its TLS, and the connections accepted on it."""
+    """One listener: its socket, its TLS, and the connections accepted on it.
+
+    `limits` (shared by every listener of the gateway) refuses connections past Kafka's
+    connection quotas; `idle_ms` closes connections idle that long (connections.max.idle.ms).
+    """
 
     def __init__(self, broker, listener: Listener, *, max_request_bytes: int, metrics=None,
-                 tls: ServerTls | None = None):
+                 tls: ServerTls | None = None, limits: ConnectionLimits | None = None,
+                 idle_ms: int | None = None):
         load_handlers()
         self.broker = broker
         self.listener = listener
@@ -61,6 +77,10 @@ class GatewayServer:
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.Task] = set()
         self._supported = supported_versions()
+        self.limits = limits
+        self.idle_ms = idle_ms
+        self._activity: dict[asyncio.Task, tuple[_Activity, asyncio.StreamWriter]] = {}
+        self._sweeper: asyncio.Task | None = None
 
     async def bind(self) -> None:
         """Bind the listener (so a port of 0 is resolved) without accepting clients yet."""
@@ -75,8 +95,22 @@ class GatewayServer:
         if self._server is None:
             await self.bind()
         await self._server.start_serving()
+        if self.idle_ms is not None and self._sweeper is None:
+            self._sweeper = asyncio.create_task(self._close_idle(), name=f"idle-{self.port}")
+
+    async def _close_idle(self) -> None:
+        idle_s = self.idle_ms / 1000
+        while True:
+            await asyncio.sleep(min(max(idle_s / 4, 0.05), 30.0))
+            now = time.monotonic()
+            for activity, writer in list(self._activity.values()):
+                if activity.pending == 0 and now - activity.last >= idle_s:
+                    log.debug("closing a connection idle for %.1fs", now - activity.last)
+                    writer.transport.abort()
 
     async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         if self._server is not None:
             self._server.close()
         for task in list(self._connections):
@@ -87,9 +121,18 @@ class GatewayServer:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
-        self._connections.add(task)
         peer = writer.get_extra_info("peername")
         peer_s = f"{peer[0]}:{peer[1]}" if peer else "?"
+        ip = peer[0] if peer else "?"
+        if self.limits is not None:
+            refused = self.limits.admit(ip)
+            if refused is not None:
+                log.debug("%s: connection refused by %s", peer_s, refused)
+                writer.transport.abort()
+                return
+        self._connections.add(task)
+        activity = _Activity()
+        self._activity[task] = (activity, writer)
         session = Session(self.listener)
         if self.tls is not None:
             self.tls.refresh()  # a renewed certificate serves the next handshake
@@ -97,7 +140,7 @@ class GatewayServer:
             if dn is not None:
                 session.principal = f"User:{map_principal(self.tls.rules, dn)}"
         try:
-            await self._serve(reader, writer, peer_s, session)
+            await self._serve(reader, writer, peer_s, session, activity)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except asyncio.CancelledError:
@@ -106,12 +149,15 @@ class GatewayServer:
             log.exception("connection %s failed", peer_s)
         finally:
             self._connections.discard(task)
+            self._activity.pop(task, None)
+            if self.limits is not None:
+                self.limits.release(ip)
             writer.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str,
-                     session: Session) -> None:
+                     session: Session, activity: _Activity) -> None:
         responses: asyncio.Queue = asyncio.Queue(MAX_IN_FLIGHT)
-        write_task = asyncio.create_task(self._write_responses(responses, writer, peer))
+        write_task = asyncio.create_task(self._write_responses(responses, writer, peer, activity))
         try:
             while not write_task.done():
                 head = await reader.readexactly(4)
@@ -121,6 +167,8 @@ class GatewayServer:
                                 peer, size, self.max_request_bytes)
                     return
                 frame = await reader.readexactly(size)
+                activity.last = time.monotonic()
+                activity.pending += 1
                 if session.raw_tokens:
                     item = await self._raw_sasl(frame, peer, session)
                 else:
@@ -190,38 +238,50 @@ class GatewayServer:
             return None
 
     async def _write_responses(self, responses: asyncio.Queue, writer: asyncio.StreamWriter,
-                               peer: str) -> None:
+                               peer: str, activity: _Activity) -> None:
         while True:
             item = await responses.get()
             if item is None:
                 return
-            if isinstance(item, bytes):  # a raw SASL token (SaslHandshake v0)
-                writer.write(struct.pack(">i", len(item)) + item)
-                await writer.drain()
-                continue
-            api_key, api_name, correlation_id, ctx, result, started = item
-            if isinstance(result, Deferred):
-                token = serving.set(ctx)
-                try:
-                    result = await result.awaitable
-                except Exception:  # noqa: BLE001
-                    result = _failure_response(ctx, "failed")
-                    if result is None:
-                        writer.close()
-                        return
-                finally:
-                    serving.reset(token)
-            if result is NO_RESPONSE:
-                continue
             try:
-                data = encode_response_parts(api_key, ctx.version, correlation_id, result)
-            except Exception:  # noqa: BLE001 - EncodeError: the handler's response is malformed
-                result = _failure_response(ctx, "response does not encode")
+                if not await self._write_one(item, writer):
+                    return
+            finally:
+                activity.pending -= 1
+                activity.last = time.monotonic()
+
+    async def _write_one(self, item, writer: asyncio.StreamWriter) -> bool:
+        """Write one answer (waiting for its deferred part first); False when the connection
+        was closed instead."""
+        if isinstance(item, bytes):  # a raw SASL token (SaslHandshake v0)
+            writer.write(struct.pack(">i", len(item)) + item)
+            await writer.drain()
+            return True
+        api_key, api_name, correlation_id, ctx, result, started = item
+        if isinstance(result, Deferred):
+            token = serving.set(ctx)
+            try:
+                result = await result.awaitable
+            except Exception:  # noqa: BLE001
+                result = _failure_response(ctx, "failed")
                 if result is None:
                     writer.close()
-                    return
-                data = encode_response_parts(api_key, ctx.version, correlation_id, result)
-            writer.writelines(data)
-            if self.metrics is not None:
-                self.metrics.observe_request(api_name, time.perf_counter() - started)
-            await writer.drain()
+                    return False
+            finally:
+                serving.reset(token)
+        if result is NO_RESPONSE:
+            return True
+        try:
+            data = encode_response_parts(api_key, ctx.version, correlation_id, result)
+        except Exception:  # noqa: BLE001 - EncodeError: the handler's response is malformed
+            result = _failure_response(ctx, "response does not encode")
+            if result is None:
+                writer.close()
+                return False
+            data = encode_response_parts(api_key, ctx.version, correlation_id, result)
+        writer.writelines(data)
+        if self.metrics is not None:
+            self.metrics.observe_request(api_name, time.perf_counter() - started)
+        await writer.drain()
+        return True
+

@@ -292,3 +292,71 @@ def test_a_create_topics_past_the_partition_limit_is_refused_at_once(gateway):
     futures[small].result(15)  # the rest of the request is still served
     assert time.monotonic() - began < 5
     _round_trip_still_works(gateway)
+
+
+def _answers(gw) -> bool:
+    """Whether a new connection gets an ApiVersions answer."""
+    try:
+        s = _connect(gw)
+        s.sendall(encode_request(18, 0, 1, {}))
+        return bool(_recv_frame(s))
+    except (OSError, struct.error):
+        return False
+
+
+def test_connection_quotas_and_idle_connections_are_applied(gateway_factory):
+    gw = gateway_factory(settings={"max.connections.per.ip": 3, "connections.max.idle.ms": 1000})
+    held = [_connect(gw) for _ in range(3)]
+    for s in held:
+        s.sendall(encode_request(18, 0, 1, {}))
+        assert _recv_frame(s)
+    assert not _answers(gw)  # a fourth from 127.0.0.1 is closed at once
+    time.sleep(2.5)  # the three are idle: closed
+    assert all(_closed(s) for s in held)
+    assert _answers(gw)
+    status, text = _metrics(gw)
+    assert 'stratalog_connections_refused_total{limit="max.connections.per.ip"} 1.0' in text
+    _round_trip_still_works(gw)
+
+
+def test_a_client_waiting_for_an_answer_is_not_idle(gateway_factory):
+    gw = gateway_factory(settings={"connections.max.idle.ms": 500})
+    topic = f"slow-{uuid.uuid4().hex[:6]}"
+    p = Producer({"bootstrap.servers": gw.bootstrap})
+    p.produce(topic, value=b"x")
+    assert p.flush(20) == 0
+    s = _connect(gw)
+    s.sendall(encode_request(1, 4, 1, {
+        "replica_id": -1, "max_wait_ms": 2000, "min_bytes": 1 << 30, "max_bytes": 1 << 20,
+        "isolation_level": 0, "topics": [{"topic": topic, "partitions": [
+            {"partition": 0, "fetch_offset": 1, "partition_max_bytes": 1 << 20}]}]}))
+    _, resp = decode_response(1, 4, _recv_frame(s))  # answered after its 2 s long poll
+    assert resp.responses[0].partitions[0].error_code == 0
+
+
+def _metrics(gw) -> tuple[int, str]:
+    import urllib.request
+
+    with urllib.request.urlopen(gw.http_url + "/metrics", timeout=10) as r:
+        return r.status, r.read().decode()
+
+
+@pytest.mark.unit
+def test_connection_limits_count_per_ip_with_overrides_and_the_creation_rate():
+    from stratalog.gateway.config import BrokerConfig, ConfigError
+    from stratalog.gateway.connection_limits import ConnectionLimits, parse_overrides
+
+    now = [0.0]
+    limits = ConnectionLimits(BrokerConfig({
+        "max.connections.per.ip": 1, "max.connections.per.ip.overrides": "10.0.0.9:2",
+        "max.connection.creation.rate": 4}), clock=lambda: now[0])
+    assert limits.admit("10.0.0.1") is None
+    assert limits.admit("10.0.0.1") == "max.connections.per.ip"
+    assert limits.admit("10.0.0.9") is None and limits.admit("10.0.0.9") is None
+    assert limits.admit("10.0.0.2") is None
+    assert limits.admit("10.0.0.3") == "max.connection.creation.rate"  # 4 in this second
+    now[0] = 1.5
+    limits.release("10.0.0.1")
+    assert limits.admit("10.0.0.1") is None and limits.total == 4
+    with pytest.raises(ConfigError, match="host:count"):
+        parse_overrides("10.0.0.1")
