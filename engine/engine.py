@@ -309,14 +309,13 @@ class LogEngine:
         this partition's read fails."""
         with _damage_refused(view):
             if read_committed:
-                assert isinstance(view, PartitionLog)  # replicas refuse read_committed reads
                 return await view.read(offset, max_bytes, self.cache, view.last_stable_offset)
             return await view.read(offset, max_bytes, self.cache)
 
     @staticmethod
-    def aborted_transactions(plog: PartitionLog, offset: int) -> list[AbortedTxn]:
+    def aborted_transactions(view: PartitionView, offset: int) -> list[AbortedTxn]:
         """Aborted transactions a read_committed fetch from `offset` must skip."""
-        return plog.txns.aborted_between(offset, plog.last_stable_offset)
+        return view.txns.aborted_between(offset, view.last_stable_offset)
 
     async def list_offset(self, plog: PartitionLog, timestamp: int, *,
                           read_committed: bool = False) -> tuple[int, int] | None:

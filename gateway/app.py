@@ -16,6 +16,7 @@ from .auth.tls import ServerTls
 from .broker import Broker, start_step
 from .config import BrokerConfig, ConfigError
 from .connection_limits import ConnectionLimits
+from .request_memory import RequestMemory
 from .http import HttpServer
 from .metrics import GatewayMetrics
 from .server import GatewayServer
@@ -119,6 +120,7 @@ class Gateway:
             listeners = parse_listeners(self.config, (self.host, self.port))
             tls = ServerTls(self.config) if any(ln.tls for ln in listeners) else None
             limits = ConnectionLimits(self.config)
+            memory = RequestMemory(self.config["queued.max.request.bytes"])
         except ConfigError as e:
             raise StartupError(str(e)) from None
         if self.metrics is not None:
@@ -126,7 +128,9 @@ class Gateway:
         # Bind first: the advertised port of ":0" listeners is known only after binding.
         self.servers = [GatewayServer(None, ln, max_request_bytes=self.config["socket.request.max.bytes"],
                                       metrics=self.metrics, tls=tls, limits=limits,
-                                      idle_ms=self.config["connections.max.idle.ms"]) for ln in listeners]
+                                      idle_ms=self.config["connections.max.idle.ms"], memory=memory,
+                                      read_timeout_ms=self.config["request.read.timeout.ms"])
+                        for ln in listeners]
         for server in self.servers:
             try:
                 await server.bind()

@@ -108,6 +108,8 @@ BROKER_SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("auto.create.topics.enable", True, _bool, "Create a topic when a client asks for its metadata or produces to it."),
     _s("message.max.bytes", 1048588, _int32, "Largest record batch a topic accepts (topic: max.message.bytes).", 0),
     _s("socket.request.max.bytes", 100 * MiB, _int32, "Largest request frame; larger frames close the connection.", 1),
+    _s("queued.max.request.bytes", 256 * MiB, _int, "Bytes of requests being read or handled across all connections; past it the gateway stops reading sockets until requests finish (-1: no bound; Kafka's default).", -1),
+    _s("request.read.timeout.ms", 30_000, _int32, "A request frame must arrive whole within this long of its size; a stalled one closes its connection.", 1),
     _s("max.connections", 2**31 - 1, _int32, "Connections a gateway accepts over all its listeners; more are closed at once.", 0),
     _s("max.connections.per.ip", 2**31 - 1, _int32, "Connections a gateway accepts from one IP address.", 0),
     _s("max.connections.per.ip.overrides", "", _str, "host:count,... : max.connections.per.ip for these addresses."),

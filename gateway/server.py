@@ -24,6 +24,7 @@ from .auth.listeners import Listener
 from .auth.session import Session
 from .auth.tls import ServerTls, map_principal, subject_dn
 from .connection_limits import ConnectionLimits
+from .request_memory import RequestMemory
 from .errors import serving
 from .handlers import load_handlers
 from .handlers.registry import HANDLERS, NO_RESPONSE, ApiKey, Deferred, RequestContext, supported_versions
@@ -33,7 +34,9 @@ from .protocol.wire import DecodeError
 
 log = logging.getLogger(__name__)
 
-MAX_IN_FLIGHT = 4096  # responses a connection may have pending before we stop reading
+MAX_IN_FLIGHT = 64  # responses a connection may have pending before we stop reading
+# Bytes a connection's reader buffers while nobody reads it (twice this pauses the socket).
+READ_BUFFER = 256 * 1024
 # What a connection on a SASL listener may send before it has authenticated.
 BEFORE_AUTHENTICATION = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 
@@ -65,7 +68,8 @@ class GatewayServer:
 
     def __init__(self, broker, listener: Listener, *, max_request_bytes: int, metrics=None,
                  tls: ServerTls | None = None, limits: ConnectionLimits | None = None,
-                 idle_ms: int | None = None):
+                 idle_ms: int | None = None, memory: RequestMemory | None = None,
+                 read_timeout_ms: int = 30_000):
         load_handlers()
         self.broker = broker
         self.listener = listener
@@ -79,13 +83,15 @@ class GatewayServer:
         self._supported = supported_versions()
         self.limits = limits
         self.idle_ms = idle_ms
+        self.memory = memory or RequestMemory(-1)
+        self.read_timeout_s = read_timeout_ms / 1000
         self._activity: dict[asyncio.Task, tuple[_Activity, asyncio.StreamWriter]] = {}
         self._sweeper: asyncio.Task | None = None
 
     async def bind(self) -> None:
         """Bind the listener (so a port of 0 is resolved) without accepting clients yet."""
         self._server = await asyncio.start_server(self._accept, self.host, self.port,
-                                                  limit=1 << 20, reuse_address=True,
+                                                  limit=READ_BUFFER, reuse_address=True,
                                                   start_serving=False,
                                                   ssl=self.tls.context if self.tls else None)
         self.port = self._server.sockets[0].getsockname()[1]
@@ -166,13 +172,24 @@ class GatewayServer:
                     log.warning("%s: closing, request frame of %d bytes (limit %d)",
                                 peer, size, self.max_request_bytes)
                     return
-                frame = await reader.readexactly(size)
-                activity.last = time.monotonic()
-                activity.pending += 1
-                if session.raw_tokens:
-                    item = await self._raw_sasl(frame, peer, session)
-                else:
-                    item = await self._handle(frame, peer, session)
+                await self.memory.acquire(size)
+                try:
+                    try:
+                        async with asyncio.timeout(self.read_timeout_s):
+                            frame = await reader.readexactly(size)
+                    except TimeoutError:
+                        log.warning("%s: closing, a %d-byte request frame did not arrive within %.0fs",
+                                    peer, size, self.read_timeout_s)
+                        return
+                    activity.last = time.monotonic()
+                    activity.pending += 1
+                    if session.raw_tokens:
+                        item = await self._raw_sasl(frame, peer, session)
+                    else:
+                        item = await self._handle(frame, peer, session)
+                    del frame
+                finally:
+                    self.memory.release(size)
                 if item is None:
                     return  # garbage: close the connection
                 await responses.put(item)

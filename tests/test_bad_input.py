@@ -312,7 +312,7 @@ def test_connection_quotas_and_idle_connections_are_applied(gateway_factory):
         assert _recv_frame(s)
     assert not _answers(gw)  # a fourth from 127.0.0.1 is closed at once
     time.sleep(2.5)  # the three are idle: closed
-    assert all(_closed(s) for s in held)
+    assert all(_closed_by_peer(s) for s in held)
     assert _answers(gw)
     status, text = _metrics(gw)
     assert 'stratalog_connections_refused_total{limit="max.connections.per.ip"} 1.0' in text
@@ -360,3 +360,49 @@ def test_connection_limits_count_per_ip_with_overrides_and_the_creation_rate():
     assert limits.admit("10.0.0.1") is None and limits.total == 4
     with pytest.raises(ConfigError, match="host:count"):
         parse_overrides("10.0.0.1")
+
+
+def _closed_by_peer(s: socket.socket) -> bool:
+    """True if the gateway closed the connection; False if it is still open (no wait)."""
+    s.setblocking(False)
+    try:
+        return s.recv(1 << 20) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def _rss_mb(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_half_sent_large_frames_hold_bounded_memory_and_are_closed(gateway_factory):
+    """40 connections each announce a 90 MiB request and send 4 MiB of it: the gateway reads
+    at most queued.max.request.bytes of them, keeps serving a real client, and closes the
+    stalled frames after request.read.timeout.ms."""
+    gw = gateway_factory(settings={"queued.max.request.bytes": 16 << 20, "request.read.timeout.ms": 4000})
+    _round_trip_still_works(gw)
+    before = _rss_mb(gw.proc.pid)
+    chunk = b"\0" * (4 << 20)
+    stalled = []
+    for _ in range(40):
+        s = _connect(gw)
+        s.settimeout(0.5)
+        try:
+            s.sendall(struct.pack(">i", 90 << 20) + chunk)
+        except socket.timeout:
+            pass  # the gateway is not reading this one: the kernel buffers what it can
+        stalled.append(s)
+    time.sleep(1.0)
+    _round_trip_still_works(gw)
+    grown = _rss_mb(gw.proc.pid) - before
+    assert grown < 16 + 40 * 0.5 + 24, f"RSS grew {grown:.0f} MiB"
+    time.sleep(4.5)
+    assert any(_closed_by_peer(s) for s in stalled[:5])  # the one read from: closed at its deadline
+    _round_trip_still_works(gw)
+    for s in stalled:
+        s.close()

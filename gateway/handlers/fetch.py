@@ -7,8 +7,7 @@ never stall on a large batch; after that, partitions are filled while they fit i
 is answered once.
 
 READ_COMMITTED fetches stop at the last stable offset and list the aborted transactions
-in the range, whose records the client drops; only leaders know them, so a replica
-answers such a fetch NOT_LEADER_OR_FOLLOWER.
+in the range, whose records the client drops (leaders and replicas alike).
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from __future__ import annotations
 import time
 
 from stratalog.engine.errors import EngineError
-from stratalog.engine.partition import PartitionLog
 from stratalog.gateway.auth.acls import Operation, ResourceType
 from stratalog.gateway.errors import error_code
 from stratalog.gateway.protocol.error_codes import ErrorCode
@@ -63,19 +61,18 @@ async def _read_all(broker, req, version: int, readable) -> tuple[list, int]:
                 # A follower serves consumers that the leader sent to it (KIP-392).
                 source = broker.engine.partition(name, p.partition,
                                                  p.current_leader_epoch if version >= 9 else -1,
-                                                 followers=not committed_only)
+                                                 followers=True)
             except EngineError as e:
                 entry["error_code"] = error_code(e)
                 continue
             entry["high_watermark"] = source.high_watermark
-            entry["last_stable_offset"] = (source.last_stable_offset if isinstance(source, PartitionLog)
-                                           else source.high_watermark)
+            entry["last_stable_offset"] = source.last_stable_offset
             entry["log_start_offset"] = source.log_start_offset
             offset = p.fetch_offset
             if offset < source.log_start_offset or offset > source.high_watermark:
                 entry["error_code"] = ErrorCode.OFFSET_OUT_OF_RANGE
                 continue
-            if version >= 11 and req.rack_id and not committed_only:
+            if version >= 11 and req.rack_id:
                 preferred = broker.preferred_read_replica(name, p.partition, req.rack_id)
                 if preferred >= 0:
                     entry["preferred_read_replica"] = preferred
