@@ -162,7 +162,7 @@ BROKER_SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("group.max.session.timeout.ms", 1_800_000, _int32, "Largest session timeout a consumer may ask for.", 1),
     _s("remote.cache.bytes", -1, _int, "Disk cache for sealed-segment reads; 0 reads straight from the object store; -1: 1 GiB for s3://, none for file:// (already local disk).", -1),
     _s("remote.log.manager.copier.thread.pool.size", 4, _int32, "Sealed segments uploaded at once; each holds at most a multipart part or two in memory.", 1),
-    _s("producer.id.expiration.ms", 86_400_000, _int32, "Forget an idle idempotent producer after this long.", 1),
+    _s("producer.id.expiration.ms", 86_400_000, _int, "Forget an idle idempotent producer after this long.", 1),
     _s("transaction.max.timeout.ms", 900_000, _int32, "Largest transaction.timeout.ms a transactional producer may ask for.", 1),
     _s("transaction.abort.timed.out.transaction.cleanup.interval.ms", 10_000, _int32, "How often a coordinator looks for transactions open past their timeout, and aborts them.", 1),
 ]}
@@ -185,14 +185,21 @@ TOPIC_CONFIGS: dict[str, str] = {
 ENV_PREFIX = "STRATALOG_"
 
 
-def parse_value(name: str, raw: Any) -> Any:
-    """Parse one broker setting or topic config; ConfigError with a clear reason."""
+def parse_value(name: str, raw: Any, *, stored: bool = False) -> Any:
+    """Parse one broker setting or topic config; ConfigError with a clear reason.
+
+    `stored`: a topic config already in the coordinator. It was accepted when it was set,
+    by this release or an older one with looser bounds (before 32-bit settings were
+    bounded, segment.bytes=99999999999999 was taken), so only its type is checked: a topic
+    keeps working through an upgrade.
+    """
     key = TOPIC_CONFIGS.get(name, name)
     setting = BROKER_SETTINGS.get(key)
     if setting is None:
         raise ConfigError(f"unknown setting {name!r}")
+    parse = _int if stored and setting.parse is _int32 else setting.parse
     try:
-        value = setting.parse(raw)
+        value = parse(raw)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"invalid value for {name}: {e}") from None
     if setting.minimum is not None and isinstance(value, int) and value < setting.minimum:
@@ -217,7 +224,7 @@ class BrokerConfig:
     def topic_config(self, overrides: Mapping[str, str], name: str) -> Any:
         """A topic config's effective value: the topic's override, else the broker default."""
         if name in overrides:
-            return parse_value(name, overrides[name])
+            return parse_value(name, overrides[name], stored=True)
         return self._values[TOPIC_CONFIGS[name]]
 
     def topic_defaults(self) -> dict[str, Any]:

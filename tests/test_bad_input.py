@@ -267,6 +267,14 @@ def test_config_values_are_checked_like_kafkas_configdef(name, value):
         parse_value(name, value)
 
 
+@pytest.mark.unit
+def test_a_stored_topic_config_an_older_release_accepted_still_reads():
+    from stratalog.gateway.config import BrokerConfig
+
+    # 0.1.0 took any 64-bit segment.bytes; the topic must keep working after an upgrade.
+    assert BrokerConfig().topic_config({"segment.bytes": "99999999999999"}, "segment.bytes") == 99999999999999
+
+
 def test_a_topic_config_out_of_range_is_refused_with_invalid_config(gateway):
     from confluent_kafka.admin import AdminClient, NewTopic
 
