@@ -61,10 +61,6 @@ class TxnState:
     # made the bump (KIP-360) is recognised instead of fenced.
     last_producer_epoch: int = -1
 
-    @property
-    def committing(self) -> bool:
-        return self.status in (TxnStatus.PREPARE_COMMIT, TxnStatus.COMPLETE_COMMIT)
-
     def with_(self, **changes) -> "TxnState":
         return replace(self, **changes)
 
