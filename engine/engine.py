@@ -71,6 +71,7 @@ class AppendResult:
     bytes: int
     records: int
     commit: Awaitable[None] | None
+    log_append_time: bool = False  # the topic stamps batches with the append time
 
 
 def _flush_ms(spacing: int, objects: ObjectStore) -> int:
@@ -216,8 +217,11 @@ class LogEngine:
         log_append = self.topic_config(topic, "message.timestamp.type") == "LogAppendTime"
         commit: Awaitable[None] | None = None
         base = -1
+        nbytes = nrecords = 0
         for h, view in batches:
-            original = plog.check_duplicate(h)
+            nbytes += h.size
+            nrecords += h.records_count
+            original = plog.check_duplicate(h) if h.producer_id >= 0 else None
             if original is not None:
                 if base < 0:
                     base = original.base_offset
@@ -228,8 +232,7 @@ class LogEngine:
                 base = stored.base_offset
             commit = self.wal.add(plog, stored.base_offset, stored.last_offset, stored.max_timestamp, data)
         self.sealer.maybe_roll(plog)
-        return AppendResult(base, plog.log_start_offset, sum(h.size for h, _ in batches),
-                            sum(h.records_count for h, _ in batches), commit)
+        return AppendResult(base, plog.log_start_offset, nbytes, nrecords, commit, log_append)
 
     def _validate(self, topic: str, records) -> list:
         if records is None or len(records) == 0:

@@ -30,25 +30,26 @@ class GatewayMetrics:
                                     buckets=LATENCY_BUCKETS, registry=self.registry)
         self.broker = None
         self.connection_limits = None  # the gateway's ConnectionLimits, set at start
-        self._by_topic: dict[str, tuple] = {}
+        self._children: dict[tuple[int, str], object] = {}
+
+    def _child(self, metric, label: str):
+        # labels() looks the child up under a lock on every call, and these run for every
+        # request: keep the children (one per API or topic) at hand.
+        key = (id(metric), label)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(label)
+        return child
 
     def observe_request(self, api: str, seconds: float) -> None:
-        self.requests.labels(api).observe(seconds)
+        self._child(self.requests, api).observe(seconds)
 
     def produced(self, topic: str, nbytes: int, records: int) -> None:
-        bytes_in, records_in = self._produced_children(topic)
-        bytes_in.inc(nbytes)
-        records_in.inc(records)
+        self._child(self.bytes_in, topic).inc(nbytes)
+        self._child(self.records_in, topic).inc(records)
 
     def fetched(self, topic: str, nbytes: int) -> None:
-        self.bytes_out.labels(topic).inc(nbytes)
-
-    def _produced_children(self, topic: str):
-        # labels() looks the child up under a lock on every call; produce is the hot path.
-        children = self._by_topic.get(topic)
-        if children is None:
-            children = self._by_topic[topic] = (self.bytes_in.labels(topic), self.records_in.labels(topic))
-        return children
+        self._child(self.bytes_out, topic).inc(nbytes)
 
     def attach(self, broker) -> None:
         """Collect the state readings of this broker on every scrape."""

@@ -256,23 +256,46 @@ class GatewayServer:
 
     async def _write_responses(self, responses: asyncio.Queue, writer: asyncio.StreamWriter,
                                peer: str, activity: _Activity) -> None:
-        while True:
-            item = await responses.get()
-            if item is None:
-                return
-            try:
-                if not await self._write_one(item, writer):
+        """Answer in request order. Answers that are ready together (every acks=all produce
+        request of one WAL flush) go out in one write: a system call costs as much here as
+        encoding a small response."""
+        out: list = []
+        item = _NOTHING
+        try:
+            while True:
+                if item is _NOTHING:
+                    await self._send(out, writer)
+                    item = await responses.get()
+                if item is None:
                     return
-            finally:
-                activity.pending -= 1
-                activity.last = time.monotonic()
+                if out and _must_wait(item):
+                    await self._send(out, writer)
+                try:
+                    if not await self._answer(item, writer, out):
+                        return
+                finally:
+                    activity.pending -= 1
+                    activity.last = time.monotonic()
+                if responses.empty() or sum(map(len, out)) >= COALESCE_BYTES:
+                    item = _NOTHING
+                else:
+                    item = responses.get_nowait()
+        finally:
+            if out and not writer.is_closing():
+                writer.writelines(out)  # what was answered before the end still goes out
 
-    async def _write_one(self, item, writer: asyncio.StreamWriter) -> bool:
-        """Write one answer (waiting for its deferred part first); False when the connection
-        was closed instead."""
-        if isinstance(item, bytes):  # a raw SASL token (SaslHandshake v0)
-            writer.write(struct.pack(">i", len(item)) + item)
+    @staticmethod
+    async def _send(out: list, writer: asyncio.StreamWriter) -> None:
+        if out:
+            writer.writelines(out)
+            out.clear()
             await writer.drain()
+
+    async def _answer(self, item, writer: asyncio.StreamWriter, out: list) -> bool:
+        """Encode one answer into `out` (waiting for its deferred part first); False when
+        the connection was closed instead."""
+        if isinstance(item, bytes):  # a raw SASL token (SaslHandshake v0)
+            out += (struct.pack(">i", len(item)), item)
             return True
         api_key, api_name, correlation_id, ctx, result, started = item
         if isinstance(result, Deferred):
@@ -296,9 +319,22 @@ class GatewayServer:
                 writer.close()
                 return False
             data = encode_response_parts(api_key, ctx.version, correlation_id, result)
-        writer.writelines(data)
+        out += data
         if self.metrics is not None:
             self.metrics.observe_request(api_name, time.perf_counter() - started)
-        await writer.drain()
         return True
 
+
+_NOTHING = object()  # no answer taken from the queue yet
+COALESCE_BYTES = 1024 * 1024  # answers gathered into one write at most (a Fetch may be larger alone)
+
+
+def _must_wait(item) -> bool:
+    """Whether answering this item waits (a deferred part not done yet): what is already
+    encoded goes out first."""
+    if isinstance(item, bytes):
+        return False
+    result = item[4]
+    if not isinstance(result, Deferred):
+        return False
+    return not (isinstance(result.awaitable, asyncio.Future) and result.awaitable.done())

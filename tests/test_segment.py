@@ -180,6 +180,7 @@ def test_create_names_files_by_base_offset(segment, tmp_path):
 
 def test_append_writes_batches_back_to_back(segment):
     batches = fill(segment)
+    segment.write_unwritten()
     assert segment.log_path.read_bytes() == b"".join(batches)
     assert (segment.next_offset, segment.size) == (BASE + 16, 95 * 8)
     assert (segment.min_timestamp, segment.max_timestamp) == (100, 500)
@@ -387,6 +388,15 @@ def test_open_drops_stale_sidecars(tmp_path):
     reopened = ActiveSegment.open(tmp_path, 0, now_ms=0)
     assert not reopened.index_path.exists() and not reopened.timeindex_path.exists()
     reopened.close()
+
+
+def test_appended_batches_are_written_in_runs_and_read_before_they_are(segment, monkeypatch):
+    monkeypatch.setattr(ActiveSegment, "UNWRITTEN_LIMIT", 95 * 3)
+    batches = fill(segment)
+    # Written three at a time: the last two wait in memory, yet every read sees them.
+    assert segment.log_path.read_bytes() == b"".join(batches[:6])
+    assert segment.read(BASE + 14, 10**6) == batches[7]
+    assert segment.log_path.read_bytes() == b"".join(batches)
 
 
 @pytest.mark.parametrize("target", [BASE + 4, BASE + 5])

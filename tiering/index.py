@@ -55,6 +55,12 @@ class OffsetIndex:
             return self.base_offset, 0
         return self._offsets[slot], self._positions[slot]
 
+    def position_at_or_before(self, position: int) -> int:
+        """The greatest indexed batch position at or before `position` (0 if none): a
+        batch boundary to scan from."""
+        slot = bisect_right(self._positions, position) - 1
+        return self._positions[slot] if slot >= 0 else 0
+
     def entries(self) -> list[tuple[int, int]]:
         return list(zip(self._offsets, self._positions))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from stratalog.tiering.batch import (
 from stratalog.tiering.index import OffsetIndex, TimeIndex
 
 _INT32_MAX = (1 << 31) - 1
+_I64 = struct.Struct(">q")
 _NO_TIMESTAMP = -1
 _SCAN_CHUNK = 1 << 20
 
@@ -78,8 +80,13 @@ class ActiveSegment:
     file, so recovered indexes equal the ones appends built.
 
     Nothing is fsynced: acknowledged data is durable through WAL objects in the object
-    store, and a torn tail is cut off when the file is reopened.
+    store, and a torn tail is cut off when the file is reopened. Appended batches are
+    written to the file in runs (`write_unwritten`, at the latest when anything reads the
+    file or UNWRITTEN_LIMIT bytes wait), not one system call per batch: produce requests
+    are small and many, and a write here costs as much as the rest of an append.
     """
+
+    UNWRITTEN_LIMIT = 256 * 1024
 
     def __init__(self, directory: Path, base_offset: int, fd: int, *,
                  index_interval_bytes: int, now_ms: int) -> None:
@@ -91,6 +98,8 @@ class ActiveSegment:
         self._index_interval_bytes = index_interval_bytes
         self._created_ms = now_ms
         self._sealed: SealedSegment | None = None
+        self._unwritten: list[memoryview] = []  # appended, not yet in the file, in order
+        self._unwritten_bytes = 0
         self._reset()
 
     def _reset(self) -> None:
@@ -202,17 +211,20 @@ class ActiveSegment:
                header: BatchHeader | None = None) -> int:
         """Append one already-patched batch and return its position in the file.
 
-        The batch bytes are authoritative; ``header``, when given, must describe them
-        (a header parsed before ``patch_batch`` still has the old base offset).
+        The batch bytes are kept, not copied, until they are written: the caller must not
+        change them. ``header``, when given, must describe them as they are (parsed after
+        ``patch_batch``); only its base offset is checked against the bytes.
         """
-        fd = self._writable_fd()
+        if self._fd is None or self._sealed is not None:
+            self._writable_fd()  # raises: closed or sealed
         view = memoryview(batch).cast("B")
-        actual = BatchHeader.parse(view)
-        if header is not None and (
-            header.base_offset, header.last_offset_delta, header.max_timestamp, header.size
-        ) != (actual.base_offset, actual.last_offset_delta, actual.max_timestamp, actual.size):
-            raise ValueError("header does not describe the batch bytes "
-                             "(was it parsed before patch_batch?)")
+        if header is None:
+            actual = BatchHeader.parse(view)
+        else:
+            actual = header
+            if _I64.unpack_from(view, 0)[0] != header.base_offset:
+                raise ValueError("header does not describe the batch bytes "
+                                 "(was it parsed before patch_batch?)")
         if actual.size != len(view):
             raise CorruptBatch(f"batch length field gives {actual.size} bytes, got {len(view)}")
         if actual.base_offset < self._next_offset:
@@ -223,12 +235,26 @@ class ActiveSegment:
         if not self.fits(actual):
             raise ValueError("batch does not fit this segment's 32-bit index limits; roll it")
         position = self._size
-        written = 0
-        while written < len(view):
-            written += os.pwrite(fd, view[written:], position + written)
+        self._unwritten.append(view)
+        self._unwritten_bytes += len(view)
         self._size += len(view)
         self._track(actual, position)
+        if self._unwritten_bytes >= self.UNWRITTEN_LIMIT:
+            self.write_unwritten()
         return position
+
+    def write_unwritten(self) -> None:
+        """Write the appended batches not yet in the file, with one system call."""
+        if not self._unwritten or self._fd is None:
+            return
+        views, self._unwritten = self._unwritten, []
+        position = self._size - self._unwritten_bytes
+        self._unwritten_bytes = 0
+        done = os.pwritev(self._fd, views, position)
+        total = sum(len(v) for v in views)
+        while done < total:  # a short write: finish it from where it stopped
+            rest = b"".join(views)[done:]
+            done += os.pwrite(self._fd, rest, position + done)
 
     def _track(self, header: BatchHeader, position: int) -> None:
         if header.max_timestamp > self._max_timestamp:
@@ -310,11 +336,13 @@ class ActiveSegment:
     def close(self) -> None:
         """Release the file; idempotent."""
         if self._fd is not None:
+            self.write_unwritten()
             os.close(self._fd)
             self._fd = None
 
     def delete(self) -> None:
         """Close and remove the segment's files."""
+        self._unwritten, self._unwritten_bytes = [], 0
         self.close()
         self.log_path.unlink(missing_ok=True)
         self._remove_sidecars()
@@ -334,9 +362,15 @@ class ActiveSegment:
         position, header = self._find_batch(max(offset, self._base_offset))
         if header.size >= max_bytes:
             return self._pread(fd, header.size, position)
-        data = self._pread(fd, min(max_bytes, self._size - position), position)
-        _, valid = scan_batches(data)
-        return data[:valid]
+        limit = position + max_bytes
+        if limit >= self._size:
+            return self._pread(fd, self._size - position, position)  # whole batches to the end
+        data = self._pread(fd, max_bytes, position)
+        # Cut after the last whole batch, walking only from the last indexed batch before
+        # the limit: a fetch of small batches would otherwise parse every header it returns.
+        scan_from = max(self._offset_index.position_at_or_before(limit), position) - position
+        _, valid = scan_batches(memoryview(data)[scan_from:])
+        return data[:scan_from + valid]
 
     def find_timestamp(self, timestamp: int, starting_offset: int = 0) -> tuple[int, int] | None:
         """``(timestamp, offset)`` of the first record at or after ``timestamp`` whose offset is
@@ -382,8 +416,11 @@ class ActiveSegment:
         return data
 
     def _open_fd(self) -> int:
+        """The file, with every appended batch in it (reads, sealing and truncation see it)."""
         if self._fd is None:
             raise ValueError(f"segment {self._base_offset} is closed")
+        if self._unwritten:
+            self.write_unwritten()
         return self._fd
 
     def _writable_fd(self) -> int:

@@ -38,7 +38,7 @@ def _produce_partition(broker, topic: str, index: int, records, now_ms: int):
         broker.metrics.produced(topic, appended.bytes, appended.records)
     resp["base_offset"] = appended.base_offset
     resp["log_start_offset"] = appended.log_start_offset
-    if broker.topic_config(topic, "message.timestamp.type") == "LogAppendTime":
+    if appended.log_append_time:
         resp["log_append_time_ms"] = now_ms
     return resp, appended.commit
 
@@ -82,21 +82,46 @@ async def produce(ctx: RequestContext, req):
     return Deferred(_await_commit(body, waits, req.timeout_ms))
 
 
-async def _await_commit(body: dict, waits, timeout_ms: int) -> dict:
-    # One wait for all partitions: a WAL commit future is shared by every request whose
-    # batches are in that flush, and asyncio.wait never cancels what it waits for.
-    pending = [(resp, asyncio.ensure_future(w)) for resp, w in waits]
-    _, late = await asyncio.wait({f for _, f in pending}, timeout=max(timeout_ms, 1) / 1000)
-    for resp, f in pending:
-        if f in late:
+def _await_commit(body: dict, waits, timeout_ms: int) -> asyncio.Future:
+    """The response, once every partition's batches are committed or the request timed out.
+
+    Built from callbacks rather than a coroutine: the commit futures are shared by every
+    request whose batches are in one WAL flush, so thousands of requests may complete at
+    once, and the server can see which answers are ready without running anything.
+    """
+    loop = asyncio.get_running_loop()
+    answer = loop.create_future()
+    pending = {id(f): (resp, f) for resp, f in ((resp, asyncio.ensure_future(w)) for resp, w in waits)}
+
+    def settle(f: asyncio.Future) -> None:
+        entry = pending.pop(id(f), None)
+        if entry is None or answer.done():
+            return
+        resp = entry[0]
+        if f.cancelled():
+            resp["error_code"] = ErrorCode.REQUEST_TIMED_OUT
+        elif (e := f.exception()) is not None:
+            resp["error_code"] = error_code(e)
+            resp["error_message"] = error_message(e)
+        if not pending:
+            timer.cancel()
+            answer.set_result(body)
+
+    def time_out() -> None:
+        for resp, f in pending.values():
+            f.remove_done_callback(settle)
             if isinstance(f, asyncio.Task):
                 f.cancel()  # a retried batch's wait for its original, ours alone
             resp["error_code"] = ErrorCode.REQUEST_TIMED_OUT
             resp["error_message"] = "the batch was not committed within the request timeout"
-        elif f.exception() is not None:
-            resp["error_code"] = error_code(f.exception())
-            resp["error_message"] = error_message(f.exception())
-    return body
+        pending.clear()
+        if not answer.done():
+            answer.set_result(body)
+
+    timer = loop.call_later(max(timeout_ms, 1) / 1000, time_out)
+    for _, f in list(pending.values()):
+        f.add_done_callback(settle)
+    return answer
 
 
 class _TxnCheck:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import struct as _struct
 import uuid as _uuid
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -342,11 +342,16 @@ def _struct_decoder(fields: tuple[Field, ...], version: int, flexible: bool) -> 
             plain.append((f.name, _field_decoder(f, version, flexible)))
         else:
             absent.append(f)
+    # Defaults of absent fields: immutable ones are shared, lists and structs made afresh
+    # for each message (a handler may fill them in).
+    shared = {f.name: f.default_value() for f in absent if not _fresh_default(f)}
+    fresh = [f for f in absent if _fresh_default(f)]
 
     def decode(r: Reader) -> Message:
         msg = Message()
         d = msg.__dict__
-        for f in absent:
+        d.update(shared)
+        for f in fresh:
             d[f.name] = f.default_value()
         for name, dec in plain:
             d[name] = dec(r)
@@ -366,6 +371,10 @@ def _struct_decoder(fields: tuple[Field, ...], version: int, flexible: bool) -> 
         return msg
 
     return decode
+
+
+def _fresh_default(f: Field) -> bool:
+    return f.default_value() is not None and (f.type == "struct" or f.type.startswith("[]"))
 
 
 @lru_cache(maxsize=None)
@@ -404,12 +413,32 @@ def _struct_encoder(fields: tuple[Field, ...], version: int, flexible: bool) -> 
         except _VALUE_ERRORS as e:
             raise _bad_value("." + f.name, f.type, v, e) from e
 
+    steps = [(f.name, f, enc) for f, enc in plain]
+
     def encode(w: Writer, obj: Any) -> None:
-        if type(obj) is not dict or not known.issuperset(obj):  # the common case, inline
+        if type(obj) is dict:
+            if not known.issuperset(obj):
+                check_keys(obj)
+            get = obj.get
+        else:
             check_keys(obj)
-        for f, enc in plain:
-            put(w, f, enc, _value(obj, f))
+            get = partial(getattr, obj)
+        # put(), inlined: this loop runs for every field of every response.
+        for name, f, enc in steps:
+            v = get(name, _MISSING)
+            if v is _MISSING:
+                v = f.default_value()
+            try:
+                enc(w, v)
+            except EncodeError as e:
+                e.segments.insert(0, "." + name)
+                raise
+            except _VALUE_ERRORS as e:
+                raise _bad_value("." + name, f.type, v, e) from e
         if not flexible:
+            return
+        if not tagged:
+            w.buf.append(0)  # no tagged fields
             return
         present = []
         for tag, f, enc in tagged:

@@ -44,7 +44,12 @@ class Reader:
         return start
 
     def _unpack(self, s: struct.Struct):
-        return s.unpack_from(self.buf, self._take(s.size))[0]
+        start = self.pos  # _take, inlined: every fixed-width field of every request comes here
+        end = start + s.size
+        if end > self.end:
+            raise DecodeError(f"need {s.size} bytes at offset {start}, have {self.end - start}")
+        self.pos = end
+        return s.unpack_from(self.buf, start)[0]
 
     def int8(self) -> int:
         return self._unpack(_I8)
@@ -75,6 +80,12 @@ class Reader:
         return uuid.UUID(bytes=bytes(self.buf[start:start + 16]))
 
     def uvarint(self) -> int:
+        pos = self.pos
+        if pos < self.end:  # one byte: lengths, counts and tag sections mostly are
+            b = self.buf[pos]
+            if b < 0x80:
+                self.pos = pos + 1
+                return b
         shift = 0
         value = 0
         while True:
