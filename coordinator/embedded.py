@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from stratalog.coordinator.kv import (
-    DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, Compare, CoordinatorError, DataDirInUse,
+    DEFAULT_MAX_REQUEST_BYTES, Compare, CoordinatorError, DataDirInUse,
     Delete, DeletePrefix, Event, Op, Put, UnsupportedFormat, Watch, check_txn, prefix_end,
     unsupported_version)
 
@@ -45,6 +45,12 @@ FORMAT_VERSION = 1  # written; readers take OLDEST_READABLE_VERSION..FORMAT_VERS
 OLDEST_READABLE_VERSION = 1
 DB_FILE = "coordinator.sqlite3"
 LOCK_FILE = "coordinator.lock"
+# Operations one transaction may hold. etcd allows 128, so a WAL commit of a flush that
+# holds more partitions is split into several fenced transactions there (coordinator.store);
+# SQLite has no such bound, and one gateway leading thousands of partitions commits each
+# flush in one transaction. Request bytes keep etcd's bound: every value stays one that an
+# etcd cluster would take, should the installation move to one.
+MAX_TXN_OPS = 1_000_000
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS kv (
@@ -81,7 +87,7 @@ class EmbeddedKV:
     """SQLite-backed `KV` (see the module docstring for layout and invariants)."""
 
     def __init__(self, data_dir: Path, clock: Callable[[], float] = time.monotonic,
-                 max_txn_ops: int = DEFAULT_MAX_TXN_OPS,
+                 max_txn_ops: int = MAX_TXN_OPS,
                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES):
         self.data_dir = Path(data_dir)
         self.max_txn_ops = max_txn_ops

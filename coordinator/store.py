@@ -329,6 +329,10 @@ class KVClusterStore:
         self.prefix = f"/stratalog/{cluster}/"
         self._cluster_id: str | None = None
         self._index = _Index()
+        # Topic and partition-state values decoded, by key, with the mod revision they were
+        # decoded at: the controller and every gateway read all of them several times a
+        # second, and with thousands of partitions decoding would be most of the work.
+        self._decoded: dict[str, tuple[int, object]] = {}
         self._sync_lock = asyncio.Lock()
         self._sync_wanted = 0
         self._sync_served = 0
@@ -660,16 +664,33 @@ class KVClusterStore:
         _, kvs = await self.kv.snapshot([self._k("partitions/"), self._k("topics/")])
         counts: dict[uuid.UUID, int] = {}
         states: dict[uuid.UUID, dict[int, PartitionState]] = {}
-        for key, value, _ in kvs:
-            rel = key[len(self.prefix):].split("/")
-            if rel[0] == "topics":
-                t = _topic(key, value)
-                counts[t.topic_id] = t.partitions
-            elif len(rel) == 3:
-                tid, p = _parse_tp(key, rel[1], rel[2])
-                states.setdefault(tid, {})[p] = _state(key, value)
+        decoded: dict[str, tuple[int, object]] = {}  # what is still there, for the next read
+        for key, value, mod in kvs:
+            got = self._decoded.get(key)
+            if got is None or got[0] != mod:
+                got = (mod, self._decode_metadata(key, value))
+            if got[1] is None:
+                continue  # another key under partitions/ (an epoch)
+            decoded[key] = got
+            item = got[1]
+            if isinstance(item, TopicInfo):
+                counts[item.topic_id] = item.partitions
+            else:
+                tid, p, st = item  # type: ignore[misc]
+                states.setdefault(tid, {})[p] = st
+        self._decoded = decoded
         return {tid: {p: s for p, s in states.get(tid, {}).items() if p < n}
                 for tid, n in counts.items()}
+
+    def _decode_metadata(self, key: str, value: bytes) -> object:
+        """A topic's TopicInfo, a partition's (topic id, partition, state), or None."""
+        rel = key[len(self.prefix):].split("/")
+        if rel[0] == "topics":
+            return _topic(key, value)
+        if len(rel) == 3:
+            tid, p = _parse_tp(key, rel[1], rel[2])
+            return tid, p, _state(key, value)
+        return None
 
     async def set_partition_state(self, topic_id: uuid.UUID, partition: int,
                                   state: PartitionState, expect_epoch: int | None = None) -> None:

@@ -17,7 +17,7 @@ from stratalog.coordinator import open_coordinator
 from stratalog.coordinator.embedded import DB_FILE, EmbeddedKV
 from stratalog.coordinator.etcd import EtcdKV, parse_endpoints
 from stratalog.coordinator.kv import (
-    Compare, CoordinatorError, CoordinatorUnavailable, DataDirInUse, Delete, DeletePrefix,
+    DEFAULT_MAX_TXN_OPS, Compare, CoordinatorError, CoordinatorUnavailable, DataDirInUse, Delete, DeletePrefix,
     Put, RequestTooLarge, absent, exists, mod_is, value_is)
 from stratalog.coordinator.model import (
     CommittedOffset, Fenced, LogState, PartitionState, SegmentEntry, TopicExists,
@@ -52,7 +52,8 @@ class Backend:
 
     def kv(self, clock=time.monotonic):
         if self.name == "embedded":
-            return EmbeddedKV(self.tmp_path / "coord", clock=clock)
+            # etcd's bound on operations, so both backends split large commits alike
+            return EmbeddedKV(self.tmp_path / "coord", clock=clock, max_txn_ops=DEFAULT_MAX_TXN_OPS)
         return EtcdKV([self.server.endpoint])
 
     def store(self, clock=time.monotonic, kv=None) -> KVClusterStore:
@@ -495,6 +496,23 @@ class InterleavingKV:
 def _part_txns(txns: list[list]) -> int:
     return sum(1 for ops in txns if any(isinstance(o, Put) and o.key.count("/") == 6
                                          and "/wal/" in o.key for o in ops))
+
+
+def test_embedded_coordinator_commits_a_flush_of_many_partitions_in_one_transaction(tmp_path):
+    # etcd's 128-operation bound does not apply to SQLite: a gateway leading thousands of
+    # partitions pays one transaction per flush, not one per 127 partitions.
+    async def go():
+        store = KVClusterStore(EmbeddedKV(tmp_path / "coord"), "c")
+        try:
+            tid = (await store.create_topic("big", 1000, 1, {}, states(1000))).topic_id
+            obj = WalObject(1, 1, "wal/1/1.wal", tuple(rng(tid, p, 0, 9, p * 100) for p in range(1000)))
+            await store.commit_wal(obj, {(tid, p): 0 for p in range(1000)})
+            assert len(await store.kv.range(f"{store.prefix}wal/")) == 1
+            (o,) = await store.wal_objects()
+            assert o.ranges == obj.ranges
+        finally:
+            await store.close()
+    run(go())
 
 
 def test_large_wal_commit_is_split_and_stays_fenced(backend):
