@@ -194,16 +194,18 @@ class LogEngine:
         it gave one >= 0, differs from ours; a replica compares the leader's epoch).
         """
         view: PartitionView | None = self.logs.get((topic, partition))
+        if view is None:
+            # Before any replica: what it tailed of an offline partition is no better.
+            found = self.leadership.offline.get((topic, partition))
+            reason = found[1] if found else self.offline_reason(topic, partition)
+            if reason:
+                raise PartitionOffline(f"{topic}-{partition} is offline: {reason}")
         if view is None and followers:
             view = self.leadership.replicas.get((topic, partition))
         if view is None:
             info = self.topic_info(topic)
             if info is None or not 0 <= partition < info.partitions:
                 raise UnknownTopicOrPartition(f"{topic}-{partition} does not exist")
-            found = self.leadership.offline.get((topic, partition))
-            reason = found[1] if found else self.offline_reason(topic, partition)
-            if reason:
-                raise PartitionOffline(f"{topic}-{partition} is offline: {reason}")
             raise NotLeader(f"{topic}-{partition} is not led by gateway {self.node_id}")
         epoch = view.leader_epoch
         if current_leader_epoch >= 0 and current_leader_epoch != epoch:

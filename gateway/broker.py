@@ -166,12 +166,13 @@ class Broker:
         await self.table.load(self.store)
 
     def _assignments(self, leading: bool) -> list[Assignment]:
-        """The partitions the coordinator says we lead (or replicate without leading)."""
+        """The partitions the coordinator says we lead (or replicate without leading); an
+        offline partition is neither: nothing of it is read until an operator recovers it."""
         out = []
         for info in self.table.by_name.values():
             for p, st in self.table.states.get(info.topic_id, {}).items():
                 mine = st.leader == self.node_id if leading else (
-                    self.node_id in st.replicas and st.leader != self.node_id)
+                    self.node_id in st.replicas and st.leader != self.node_id and not st.offline)
                 if mine:
                     out.append(Assignment(info.name, info.topic_id, p, st.leader_epoch))
         return out
