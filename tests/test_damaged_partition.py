@@ -27,6 +27,8 @@ from stratalog.gateway.cluster import decide_partition
 from stratalog.gateway.errors import error_code
 from stratalog.gateway.protocol.error_codes import ErrorCode
 
+from cluster_fixtures import etcd, moto_s3  # noqa: F401  (fixtures)
+
 try:
     from tests.engine_harness import TIMEOUT_S, Backends, batch, committed, read_all, records_of, run
 except ImportError:  # tests/ is not a package: pytest put it on sys.path
@@ -308,3 +310,59 @@ def test_one_gateway_serves_the_rest_and_the_operator_recovers_both_ways(gateway
     produce(gw.bootstrap, topic, 0, values("p0-new", 2))
     assert consume(gw.bootstrap, topic, 0, 26) == values("p0", 20) + values("p0-last", 4) + values("p0-new", 2)
     assert gw.proc.poll() is None
+
+
+def _offline_lines(gws) -> int:
+    return sum(g.log_path.read_text(errors="replace").count("OFFLINE, its committed data") for g in gws)
+
+
+def test_three_gateways_keep_a_damaged_partition_offline_in_one_place(gateway_factory, etcd, moto_s3, tmp_path):
+    """etcd + S3: the damaged partition is recorded offline once, no other gateway tries it
+    (nor the restarted old leader), the others serve, and the operator's retry through any
+    gateway brings every record back."""
+    from cluster_fixtures import bootstrap_of, create_topic, leaders, start_cluster, wait_for
+
+    gws = start_cluster(gateway_factory, etcd, tmp_path, 3, s3=moto_s3)
+    bootstrap = bootstrap_of(gws)
+    topic = f"orders-{uuid.uuid4().hex[:6]}"
+    create_topic(bootstrap, topic, 3)
+    wait_for(lambda: all(v >= 0 for v in leaders(bootstrap, topic).values()), what="leaders")
+    for p in range(3):
+        produce(bootstrap, topic, p, values(f"p{p}", 10))
+    produce(bootstrap, topic, 0, values("p0-last", 4))
+
+    key, r = wal_ranges_of(etcd.url, tmp_path, topic, 0)[-1]
+    s3 = moto_s3.client()
+    name = f"{moto_s3.prefix}/{key}"
+    original = s3.get_object(Bucket=moto_s3.bucket, Key=name)["Body"].read()
+    damaged = bytearray(original)
+    for i in range(r.position + r.length // 2, r.position + r.length // 2 + 8):
+        damaged[i] ^= 0xFF
+    s3.put_object(Bucket=moto_s3.bucket, Key=name, Body=bytes(damaged))
+    old_leader = next(g for g in gws if g.banner and f"node {leaders(bootstrap, topic)[0]})" in g.banner)
+    old_leader.kill9()  # its successor rebuilds partition 0 from the store, and meets the damage
+    alive = [g for g in gws if g is not old_leader]
+    bootstrap = bootstrap_of(alive)
+    offline = {"produce": 56, "fetch": 56, "list_offsets": 56, "metadata": 56, "metadata_leader": -1}
+    wait_for(lambda: storage_errors(bootstrap, topic, 0) == offline, timeout=60, what="partition 0 offline")
+    for p in (1, 2):
+        assert consume(bootstrap, topic, p, 10) == values(f"p{p}", 10)
+    old_leader.start(timeout=120)
+    gws_up = alive + [old_leader]
+    bootstrap = bootstrap_of(gws_up)
+    for p in (1, 2):
+        produce(bootstrap, topic, p, values(f"p{p}-after", 2))
+    # It stays where it is: one gateway found it damaged, and none tries it again.
+    time.sleep(3)  # several controller passes and cluster ticks on every gateway
+    assert _offline_lines(gws) == 1
+    assert storage_errors(bootstrap, topic, 0) == offline
+    for g in gws_up:
+        ready = _get_json(f"{g.http_url}/readyz")
+        assert ready["ready"] and [o["partition"] for o in ready["offline_partitions"]] == [0]
+
+    s3.put_object(Bucket=moto_s3.bucket, Key=name, Body=original)
+    done = _cli("partitions", "recover", topic, "0", "--admin", alive[0].http_url)
+    assert done.returncode == 0 and "no offsets lost" in done.stdout, done
+    assert consume(bootstrap, topic, 0, 14, timeout=90) == values("p0", 10) + values("p0-last", 4)
+    produce(bootstrap, topic, 0, values("p0-new", 2))
+    assert consume(bootstrap, topic, 0, 16, timeout=90)[-2:] == values("p0-new", 2)
