@@ -7,7 +7,8 @@ Keyspace (one key per topic, partition, segment or WAL object, never per batch):
     brokers/<id>                                 -> {"host", "port", "rack"}      (leased)
     controller                                   -> broker id                     (leased)
     topics/<name>                                -> TopicInfo
-    partitions/<topic_id>/<p>                    -> PartitionState (leader, epoch, replicas, isr)
+    partitions/<topic_id>/<p>                    -> PartitionState (leader, epoch, replicas, isr,
+                                                    offline reason)
     logs/<topic_id>/<p>                          -> LogState (log start offset, producer snapshot)
     segments/<topic_id>/<p>/<base:020>           -> SegmentEntry
     wal/<gateway_id>/<seq:020>                   -> WalObject (its ranges)
@@ -54,6 +55,10 @@ class PartitionState:
     leader_epoch: int
     replicas: tuple[int, ...]
     isr: tuple[int, ...]
+    # Why the partition is offline (its committed data could not be recovered), or "".
+    # An offline partition has no leader and the controller gives it none: only an
+    # operator's `stratalog partitions recover` clears it (stratalog.engine.offline).
+    offline: str = ""
 
 
 @dataclass(frozen=True)
@@ -182,6 +187,12 @@ class ClusterStore(Protocol):
 
     async def log_state(self, topic_id: uuid.UUID, partition: int) -> LogState:
         """Log start offset and high watermark."""
+
+    async def truncate_wal(self, topic_id: uuid.UUID, partition: int, end_offset: int,
+                           expect_epoch: int, shortened: tuple[str, WalRange] | None = None) -> None:
+        """Forget a partition's committed WAL ranges from `end_offset` on (the high watermark
+        goes back there), keeping `shortened` ((object key, range)) in place of the range it
+        shortens. Fenced unless the stored leader epoch is `expect_epoch`."""
 
     async def set_log_start_offset(self, topic_id: uuid.UUID, partition: int, offset: int) -> None:
         """Raise the log start offset (DeleteRecords, retention); never lowers it."""

@@ -21,7 +21,8 @@ KEYSPACE_VERSION. 0.1.0 wrote no such key, so a keyspace without it is version 1
 `check_keyspace` refuses a version outside OLDEST_READABLE_KEYSPACE..KEYSPACE_VERSION and
 marks an unmarked keyspace. Additions that older readers ignore (a new field in a JSON
 value, a new key outside the prefixes they read) need no bump: a WAL entry's `format`
-(the WAL object's format version, absent: 1) is one.
+(the WAL object's format version, absent: 1) is one, a partition state's `offline`
+(the reason it is offline, absent while it serves) another.
 
 The epoch key exists so a commit can be fenced by a value compare: ISR-only changes rewrite
 `partitions/<topic_id>/<p>` without touching it, so they never fence a leader.
@@ -108,8 +109,11 @@ def _topic(key: str, value: bytes) -> TopicInfo:
 
 
 def _state_json(s: PartitionState) -> bytes:
-    return _dumps({"leader": s.leader, "leader_epoch": s.leader_epoch,
-                   "replicas": list(s.replicas), "isr": list(s.isr)})
+    d: dict[str, Any] = {"leader": s.leader, "leader_epoch": s.leader_epoch,
+                         "replicas": list(s.replicas), "isr": list(s.isr)}
+    if s.offline:
+        d["offline"] = s.offline  # absent while serving: older readers ignore it
+    return _dumps(d)
 
 
 def _state(key: str, value: bytes) -> PartitionState:
@@ -117,7 +121,7 @@ def _state(key: str, value: bytes) -> PartitionState:
     try:
         return PartitionState(int(d["leader"]), int(d["leader_epoch"]),
                               tuple(int(x) for x in d["replicas"]),
-                              tuple(int(x) for x in d["isr"]))
+                              tuple(int(x) for x in d["isr"]), str(d.get("offline") or ""))
     except _BAD as e:
         raise CoordinatorError(f"corrupt partition state at {key}: {e!r}") from None
 
@@ -219,6 +223,22 @@ def _check_range(r: WalRange) -> None:
     if r.partition < 0 or r.base_offset < 0 or r.last_offset < r.base_offset \
             or r.position < 0 or r.length <= 0:
         raise ValueError(f"invalid WAL range {r}")
+
+
+def _cut_ranges(ranges: list[WalRange], tp: TP, end_offset: int, obj_key: str,
+                shortened: tuple[str, WalRange] | None) -> list[WalRange]:
+    """`ranges` without the partition's offsets from `end_offset` on; `shortened` replaces
+    the range of the same object and base offset that it shortens."""
+    out = []
+    for r in ranges:
+        if (r.topic_id, r.partition) != tp:
+            out.append(r)
+        elif shortened is not None and shortened[0] == obj_key and shortened[1].base_offset == r.base_offset:
+            if shortened[1].last_offset < end_offset:
+                out.append(replace(shortened[1], format_version=r.format_version))
+        elif r.last_offset < end_offset:
+            out.append(r)
+    return out
 
 
 # --- the log index ----------------------------------------------------------------------
@@ -892,6 +912,52 @@ class KVClusterStore:
                  if r.last_offset >= from_offset and r.last_offset > sealed]
         found.sort(key=lambda f: (f[0], f[1]))
         return [(key, r) for _, _, key, r in found]
+
+    async def truncate_wal(self, topic_id: uuid.UUID, partition: int, end_offset: int,
+                           expect_epoch: int, shortened: tuple[str, WalRange] | None = None) -> None:
+        """Each WAL entry (header or part key) holding ranges of the partition past
+        `end_offset` is rewritten without them, in one transaction compared on the epoch key
+        and on every rewritten key's revision; the deletion mark makes every index reload,
+        so the derived high watermark goes back."""
+        tp = (topic_id, partition)
+        ekey = self._epoch_key(topic_id, partition)
+        while True:
+            await self._sync()
+            idx = self._index
+            compares = [value_is(ekey, _dumps(expect_epoch))]
+            ops: list[Op] = []
+            for ws in sorted(idx.by_tp.get(tp, {})):
+                obj_key = idx.objects[ws].key
+                head = idx.wal_heads[ws]
+                sources: list[tuple[str, dict | None, list[WalRange]]] = [
+                    (self._wal_key(*ws), head, _ranges(obj_key, head.get("ranges") or []))]
+                sources += [(f"{self._wal_key(*ws)}/{i:06d}", None, rs)
+                            for i, rs in sorted(idx.wal_parts.get(ws, {}).items())]
+                for key, entry, ranges in sources:
+                    kept = _cut_ranges(ranges, tp, end_offset, obj_key, shortened)
+                    if kept == ranges:
+                        continue
+                    value = dict(entry) if entry is not None else {}
+                    value["ranges"] = [_range_dict(r) for r in kept]
+                    got = await self.kv.get(key)
+                    if got is None:
+                        break  # collected meanwhile: the next pass sees the index without it
+                    compares.append(mod_is(key, got[1]))
+                    ops.append(Put(key, _dumps(value)))
+            if not ops:
+                if await self.kv.get(ekey) is None:
+                    raise UnknownTopic(f"{topic_id}/{partition}")
+                return
+            if not self._fits(compares, ops + [self._deletion_mark()]):
+                raise RequestTooLarge(f"{topic_id}/{partition}: truncating rewrites {len(ops)} WAL "
+                                      "entries, more than one transaction holds")
+            if await self.kv.txn(compares, ops + [self._deletion_mark()]):
+                return
+            got = await self.kv.get(ekey)
+            if got is None or _int(ekey, got[0]) != expect_epoch:
+                raise Fenced(f"{topic_id}/{partition}: leader epoch is "
+                             f"{_int(ekey, got[0]) if got else 'gone'}, not {expect_epoch}")
+            # A WAL entry changed under us (collected, or another partition's range): again.
 
     async def obsolete_wal_objects(self) -> list[WalObject]:
         """WAL objects none of whose ranges is still needed: each belongs to a deleted topic,

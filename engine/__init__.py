@@ -16,14 +16,18 @@ Everything goes through one `LogEngine` (engine.py). Its operations:
 - ``delete_records``, ``replace_segments`` (compaction swaps), ``drop_partitions`` and
   ``delete_objects`` (topic deletion).
 - ``take_leadership(assignments)`` / ``follow(assignments)``: lead or replicate exactly
-  these partitions (a new leader recovers the partition from the object store).
+  these partitions (a new leader recovers the partition from the object store; one whose
+  data is damaged or missing goes offline instead, `PartitionOffline`).
+- ``found_offline()``, ``repair(topic, topic_id, p, truncate=)``: partitions found damaged
+  here, and the operator's recovery of an offline one (again, or truncated).
 - ``roll_due()`` and ``clean()``: the timers' work (segment.ms, retention, GC).
 
 Inside, each job has its module: `partition` (one led log: offsets, local segments,
 producer state, recovery), `wal_writer` (group commit of all partitions into one WAL
 object), `sealing` (segments to the store, manifests), `cleanup` (retention,
 DeleteRecords, swaps, garbage collection), `leadership` (take/drop/replicas), `replica`
-(a replica's view), `producers` (idempotent producer state).
+(a replica's view), `producers` (idempotent producer state), `offline` (damaged
+partitions: offline alone, and the operator's repair).
 """
 
 from .engine import AppendResult, EngineSettings, LogEngine, PartitionView

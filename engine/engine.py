@@ -24,9 +24,10 @@ from stratalog.tiering.remote import RemoteCache
 from stratalog.tiering.txn import AbortedTxn, marker_batch
 
 from .cleanup import Cleaner
-from .errors import (CorruptLog, FencedLeaderEpoch, InvalidRecord, NotLeader, RecordTooLarge,
-                     UnknownLeaderEpoch, UnknownTopicOrPartition)
+from .errors import (CorruptLog, FencedLeaderEpoch, InvalidRecord, NotLeader, PartitionOffline,
+                     RecordTooLarge, UnknownLeaderEpoch, UnknownTopicOrPartition)
 from .leadership import Assignment, Leadership
+from .offline import Repaired, repair
 from .partition import PartitionLog
 from .replica import ReplicaView
 from .sealing import Sealer
@@ -101,12 +102,14 @@ class LogEngine:
     topic_config : ``(topic, name) -> value``, a topic's effective config.
     clock : wall clock in seconds (timestamps, segment.ms, retention).
     metrics : optional `GatewayMetrics`, told about WAL flushes.
+    offline_reason : ``(topic, partition) -> str``, why the coordinator says the partition
+        is offline ("" if it is not; see `offline.py`).
     """
 
     def __init__(self, settings: EngineSettings, *, node_id: int, data_dir: Path, store: ClusterStore,
                  objects: ObjectStore, topic_info: Callable[[str], TopicInfo | None],
                  topic_config: Callable[[str, str], Any], clock: Callable[[], float] = time.time,
-                 metrics=None):
+                 metrics=None, offline_reason: Callable[[str, int], str] = lambda topic, p: ""):
         self.settings = settings
         self.node_id = node_id
         self.data_dir = data_dir
@@ -115,6 +118,7 @@ class LogEngine:
         self.topic_info = topic_info
         self.topic_config = topic_config
         self.clock = clock
+        self.offline_reason = offline_reason
         self.cache = RemoteCache(objects, data_dir / "cache",
                                  max_bytes=_cache_bytes(settings.remote_cache_bytes, objects))
         self._hw_event = asyncio.Event()
@@ -163,6 +167,18 @@ class LogEngine:
         """Tail these partitions as a replica; returns "<topic id>/<partition>" of lagging ones."""
         return await self.leadership.follow(replicating, self.settings.replica_lag_max_ms / 1000)
 
+    def found_offline(self) -> dict[tuple[str, int], str]:
+        """Partitions this gateway found damaged, by (topic, partition): the reason."""
+        return {key: reason for key, (_, reason) in self.leadership.offline.items()}
+
+    async def repair(self, topic: str, topic_id: uuid.UUID, partition: int, *, truncate: bool) -> Repaired:
+        """An operator's recovery of an offline partition (see `offline.repair`): recover
+        it again, or with `truncate` give up what cannot be read."""
+        return await repair(self.store, self.objects, self.data_dir / "repair" / f"{topic}-{partition}",
+                            topic, topic_id, partition,
+                            index_interval_bytes=self.topic_config(topic, "index.interval.bytes"),
+                            now_ms=self.now_ms(), truncate=truncate)
+
     def led(self) -> dict[tuple[str, int], PartitionLog]:
         """The partitions led now, by (topic, partition)."""
         return self.logs
@@ -173,12 +189,18 @@ class LogEngine:
                   followers: bool = False) -> PartitionView:
         """The partition as served here, after the checks every request makes.
 
-        Raises UnknownTopicOrPartition (no such partition), NotLeader (not led here, nor
-        replicated when `followers` allows a replica), FencedLeaderEpoch or
-        UnknownLeaderEpoch (the client's epoch, when it gave one >= 0, differs from ours; a
-        replica compares the leader's epoch).
+        Raises UnknownTopicOrPartition (no such partition), PartitionOffline (its data
+        could not be recovered), NotLeader (not led here, nor replicated when `followers`
+        allows a replica), FencedLeaderEpoch or UnknownLeaderEpoch (the client's epoch, when
+        it gave one >= 0, differs from ours; a replica compares the leader's epoch).
         """
         view: PartitionView | None = self.logs.get((topic, partition))
+        if view is None:
+            # Before any replica: what it tailed of an offline partition is no better.
+            found = self.leadership.offline.get((topic, partition))
+            reason = found[1] if found else self.offline_reason(topic, partition)
+            if reason:
+                raise PartitionOffline(f"{topic}-{partition} is offline: {reason}")
         if view is None and followers:
             view = self.leadership.replicas.get((topic, partition))
         if view is None:
@@ -409,4 +431,5 @@ def _damage_refused(view: PartitionView) -> Iterator[None]:
         raise CorruptLog(f"{view.topic}-{view.partition}: {exc}") from exc
 
 
-__all__ = ["AppendResult", "Assignment", "CorruptLog", "EngineSettings", "LogEngine", "PartitionView"]
+__all__ = ["AppendResult", "Assignment", "CorruptLog", "EngineSettings", "LogEngine", "PartitionView",
+           "Repaired"]

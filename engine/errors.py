@@ -43,3 +43,13 @@ class SwapRefused(EngineError):
 
 class CorruptLog(EngineError):
     """Committed data could not be read back intact; the partition is not served."""
+
+
+class PartitionOffline(EngineError):
+    """The partition's committed data could not be recovered: it is offline until an
+    operator recovers it (`stratalog partitions recover`); the message says why."""
+
+
+class RepairRefused(EngineError):
+    """An operator's recovery of an offline partition that cannot be done as asked (the
+    partition is not offline, or its data is still damaged and truncation was not asked)."""

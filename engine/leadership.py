@@ -5,7 +5,8 @@ object store at the epoch the controller gave) and the ones it replicates (a
 The controller decides; `take` applies a decision: partitions no longer ours (or ours at
 another epoch or topic id) are dropped at once, with their queued WAL batches; new ones are
 recovered in the background, retrying while the store or coordinator is unavailable, and
-installed only if the decision still stands when recovery ends.
+installed only if the decision still stands when recovery ends. A recovery that meets
+damaged or missing data is not retried: the partition goes offline (`offline.py`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from stratalog.coordinator.model import ClusterStore
 from stratalog.tiering.objectstore.base import ObjectStore
 from stratalog.tiering.remote import RemoteCache
 
+from .offline import is_damage, mark_offline
 from .partition import PartitionLog
 from .replica import ReplicaView
 from .sealing import Sealer
@@ -63,6 +65,9 @@ class Leadership:
         self.replicas: dict[Key, ReplicaView] = {}
         self._becoming: dict[Key, asyncio.Task] = {}
         self._wanted: dict[Key, Assignment] = {}
+        # Partitions found damaged here, with the assignment and the reason: not retried
+        # while the controller's decision stands (it soon says offline, with no leader).
+        self.offline: dict[Key, tuple[Assignment, str]] = {}
 
     async def stop(self) -> None:
         for t in list(self._becoming.values()):
@@ -74,13 +79,16 @@ class Leadership:
     def take(self, leading: list[Assignment]) -> list[asyncio.Task]:
         """Lead exactly these partitions at these epochs; returns the recoveries under way."""
         self._wanted = {(a.topic, a.partition): a for a in leading}
+        for key, (a, _) in list(self.offline.items()):
+            if self._wanted.get(key) != a:
+                del self.offline[key]
         for key, plog in list(self.logs.items()):
             want = self._wanted.get(key)
             if want is None or want.epoch != plog.leader_epoch or want.topic_id != plog.topic_id:
                 log.info("%s-%d: no longer leader (epoch %d)", key[0], key[1], plog.leader_epoch)
                 self.drop(key)
         for key, a in self._wanted.items():
-            if key not in self.logs and key not in self._becoming:
+            if key not in self.logs and key not in self._becoming and key not in self.offline:
                 self._becoming[key] = asyncio.create_task(self._become_leader(a), name=f"lead-{key}")
         return list(self._becoming.values())
 
@@ -118,6 +126,9 @@ class Leadership:
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:  # noqa: BLE001 - store or coordinator hiccup: retry
+                    if is_damage(e):
+                        await self._went_offline(a, str(e))
+                        return
                     log.warning("%s-%d: recovery failed, retrying: %s", a.topic, a.partition, e)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 2.0)
@@ -130,6 +141,27 @@ class Leadership:
             self.on_led()
         finally:
             self._becoming.pop(key, None)
+
+    async def _went_offline(self, a: Assignment, reason: str) -> None:
+        """Serve the partition no more and record it offline in the coordinator (retried
+        while the coordinator is unreachable), so no gateway tries it again."""
+        key = (a.topic, a.partition)
+        self.offline[key] = (a, reason)
+        log.error("%s-%d: OFFLINE, its committed data cannot be recovered: %s. The other partitions "
+                  "are served; after restoring the object run `stratalog partitions recover %s %d`, or "
+                  "add --truncate --accept-data-loss to continue from the last readable offset",
+                  a.topic, a.partition, reason, a.topic, a.partition)
+        delay = 0.1
+        while self._wanted.get(key) == a:
+            try:
+                await mark_offline(self.store, a.topic_id, a.partition, a.epoch, reason)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - coordinator outage: retry
+                log.warning("%s-%d: could not record it offline, retrying: %s", a.topic, a.partition, e)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     async def follow(self, replicating: list[Assignment], max_lag_s: float) -> set[str]:
         """Keep the partitions we replicate (but do not lead) warm; returns the ones not

@@ -14,14 +14,15 @@ from __future__ import annotations
 import logging
 import shutil
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
-from stratalog.coordinator.model import ClusterStore, SegmentEntry
+from stratalog.coordinator.model import ClusterStore, SegmentEntry, WalRange
 from stratalog.tiering import layout
 from stratalog.tiering.batch import (HEADER_SIZE, BatchHeader, decode_records, patch_batch,
                                      scan_batches, set_log_append_time)
 from stratalog.tiering.index import TimeIndex
-from stratalog.tiering.objectstore.base import ObjectStore
+from stratalog.tiering.objectstore.base import ObjectNotFound, ObjectStore
 from stratalog.tiering.remote import RemoteCache
 from stratalog.tiering.sealed import Get, SegmentObject, Take, read_async, walk
 from stratalog.tiering.segment import ActiveSegment
@@ -33,6 +34,18 @@ from .producers import BatchMeta, OutOfOrderSequence, ProducerTable
 from .transactions import PartitionTxns
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WalDamage:
+    """The first committed WAL range a salvaging recovery could not read whole: where the
+    partition's readable log ends. `kept` is its valid prefix as a shorter range of the
+    same object (None when no whole batch of it is readable)."""
+
+    key: str
+    range: WalRange
+    reason: str
+    kept: WalRange | None
 
 
 class PartitionLog:
@@ -64,6 +77,10 @@ class PartitionLog:
         # (leader epoch, first offset) in offset order, for OffsetForLeaderEpoch
         self.epochs: list[tuple[int, int]] = []
         self.now_ms = now_ms
+        # Set by a salvaging recovery that met damage; with the high watermark the
+        # coordinator had committed, to say how many offsets truncating there gives up.
+        self.damage: WalDamage | None = None
+        self.committed_end = 0
 
     @property
     def key(self) -> tuple[uuid.UUID, int]:
@@ -74,12 +91,16 @@ class PartitionLog:
     @classmethod
     async def recover(cls, topic: str, topic_id: uuid.UUID, partition: int, leader_epoch: int,
                       directory: Path, store: ClusterStore, objects: ObjectStore, *,
-                      index_interval_bytes: int, now_ms: int) -> "PartitionLog":
+                      index_interval_bytes: int, now_ms: int, salvage: bool = False) -> "PartitionLog":
         """Rebuild the partition from the coordinator and the object store.
 
         Sealed segments stay remote; committed WAL ranges after them are replayed into a
         fresh local active segment. Whatever was on local disk is discarded first: it may
         hold batches that were never committed.
+
+        A committed range that is missing or fails its CRCs raises CorruptLog; with
+        `salvage`, replay stops there instead (after the range's valid prefix) and
+        `damage` says where, for a truncation the operator asked for.
         """
         p = cls(topic, topic_id, partition, leader_epoch, directory,
                 index_interval_bytes=index_interval_bytes, now_ms=now_ms)
@@ -104,13 +125,24 @@ class PartitionLog:
         p.active = ActiveSegment.create(directory, start, index_interval_bytes=index_interval_bytes,
                                         now_ms=now_ms)
         p.next_offset = start
+        p.committed_end = state.high_watermark
         for key, r in ranges:
             check_wal_version(r.format_version, key)  # header and trailer are not fetched
-            data = await objects.get(key, r.position, r.position + r.length)
+            try:
+                data = await objects.get(key, r.position, r.position + r.length)
+            except ObjectNotFound:
+                data, missing = b"", True
+            else:
+                missing = False
             batches, valid = scan_batches(data, validate_crc=True)
-            if valid != len(data) or not batches:
-                raise CorruptLog(f"{topic}-{partition}: WAL object {key} range at {r.position} "
-                                 f"is corrupt ({valid} of {len(data)} bytes valid)")
+            if missing or valid != r.length or valid != len(data) or not batches:
+                reason = (f"WAL object {key} is missing" if missing else
+                          f"WAL object {key} range at {r.position} is corrupt "
+                          f"({valid} of {r.length} bytes valid)")
+                if not salvage:
+                    raise CorruptLog(f"{topic}-{partition}: offsets {r.base_offset}..{r.last_offset}: "
+                                     f"{reason}")
+                p.damage = WalDamage(key, r, reason, _valid_prefix(r, batches, valid))
             for pos, h in batches:
                 if h.last_offset < p.next_offset:
                     continue  # sealed already, or below the log start
@@ -125,7 +157,9 @@ class PartitionLog:
                 p.active.append(memoryview(data)[pos:pos + h.size], h)
                 p._replayed(h, memoryview(data)[pos:pos + h.size])
                 p.next_offset = h.last_offset + 1
-        if p.next_offset < state.high_watermark:
+            if p.damage is not None:
+                break
+        if p.next_offset < state.high_watermark and p.damage is None:
             raise CorruptLog(f"{topic}-{partition}: replayed up to offset {p.next_offset} but the "
                              f"coordinator has committed up to {state.high_watermark}")
         p.high_watermark = p.next_offset
@@ -337,6 +371,14 @@ class PartitionLog:
         for seg in (*self.rolled, self.active):
             if seg is not None:
                 seg.close()
+
+
+def _valid_prefix(r: WalRange, batches: list[tuple[int, BatchHeader]], valid: int) -> WalRange | None:
+    """The whole, CRC-valid batches at the start of a damaged range, as a range."""
+    if not batches:
+        return None
+    return WalRange(r.topic_id, r.partition, r.base_offset, batches[-1][1].last_offset, r.position, valid,
+                    max(h.max_timestamp for _, h in batches), r.format_version)
 
 
 async def _sealed_aborts(sealed: list[SegmentEntry], log_start_offset: int,

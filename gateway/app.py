@@ -174,6 +174,12 @@ class Gateway:
     def readiness(self) -> tuple[bool, str]:
         if self.broker is None or not self.broker.started:
             return False, "starting"
+        offline = self.broker.offline_partitions()
+        if offline:
+            # Still ready: every other partition is served, and a load balancer that took
+            # this gateway out would not bring the damaged one back.
+            return True, f"serving; {len(offline)} partition(s) offline: " + ", ".join(
+                f"{t}-{p}" for t, p, _ in offline)
         return True, "serving"
 
     async def stop(self) -> None:

@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 from stratalog.coordinator.kv import CoordinatorUnavailable
-from stratalog.coordinator.model import ClusterStore, PartitionState, TopicInfo
+from stratalog.coordinator.model import ClusterStore, PartitionState, TopicInfo, UnknownTopic
 from stratalog.engine import Assignment, EngineSettings, LogEngine
 from stratalog.tiering.objectstore.base import ObjectStore, ObjectStoreError
 
@@ -82,7 +83,8 @@ class Broker:
         self._sync_lock = asyncio.Lock()
         self.engine = LogEngine(EngineSettings.from_config(config), node_id=node_id, data_dir=data_dir,
                                 store=store, objects=objects, topic_info=lambda name: self.table.by_name.get(name),
-                                topic_config=self.topic_config, clock=clock, metrics=metrics)
+                                topic_config=self.topic_config, clock=clock, metrics=metrics,
+                                offline_reason=self._offline_reason)
         self.admin = TopicAdmin(config, store, self.table, self.engine,
                                 live_ids=lambda: [b.node_id for b in self.live_brokers()],
                                 sync=lambda: self.sync_leadership(wait=True))
@@ -164,12 +166,13 @@ class Broker:
         await self.table.load(self.store)
 
     def _assignments(self, leading: bool) -> list[Assignment]:
-        """The partitions the coordinator says we lead (or replicate without leading)."""
+        """The partitions the coordinator says we lead (or replicate without leading); an
+        offline partition is neither: nothing of it is read until an operator recovers it."""
         out = []
         for info in self.table.by_name.values():
             for p, st in self.table.states.get(info.topic_id, {}).items():
                 mine = st.leader == self.node_id if leading else (
-                    self.node_id in st.replicas and st.leader != self.node_id)
+                    self.node_id in st.replicas and st.leader != self.node_id and not st.offline)
                 if mine:
                     out.append(Assignment(info.name, info.topic_id, p, st.leader_epoch))
         return out
@@ -282,9 +285,35 @@ class Broker:
         out = {}
         for p, st in self.table.states.get(info.topic_id, {}).items():
             if st.leader not in live:
-                st = PartitionState(-1, st.leader_epoch, st.replicas, tuple(r for r in st.isr if r in live))
+                st = replace(st, leader=-1, isr=tuple(r for r in st.isr if r in live))
             out[p] = st
         return out
+
+    def _offline_reason(self, topic: str, partition: int) -> str:
+        st = self.table.state(topic, partition)
+        return st.offline if st is not None else ""
+
+    def offline_partitions(self) -> list[tuple[str, int, str]]:
+        """(topic, partition, reason) of every offline partition: those the coordinator
+        records offline, and those found damaged here and not yet recorded."""
+        out = dict(self.engine.found_offline())
+        for info in self.table.by_name.values():
+            for p, st in self.table.states.get(info.topic_id, {}).items():
+                if st.offline:
+                    out[(info.name, p)] = st.offline
+        return [(t, p, reason) for (t, p), reason in sorted(out.items())]
+
+    async def repair_partition(self, topic: str, partition: int, *, truncate: bool):
+        """The operator's recovery of an offline partition (`LogEngine.repair`); the
+        controller then elects a leader, at once if it runs here."""
+        await self._load_topics()
+        info = self.table.by_name.get(topic)
+        if info is None:
+            raise UnknownTopic(topic)
+        repaired = await self.engine.repair(topic, info.topic_id, partition, truncate=truncate)
+        if await self.controller.run_once():
+            await self.sync_leadership()
+        return repaired
 
     def controller_id(self) -> int:
         return self.node_id if self.controller.is_controller else min(self.membership.live, default=-1)

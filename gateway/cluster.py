@@ -8,7 +8,9 @@ the leased `controller` key and assigns partition leaders and replicas over the 
   any live gateway is a clean leader because every committed record is in the object store;
 - every leader change bumps the leader epoch, which fences the old leader's commits;
 - leaders are spread evenly: a gateway that joins takes partitions from the busiest one;
-- the ISR is the live replicas that report being caught up.
+- the ISR is the live replicas that report being caught up;
+- an offline partition (its data could not be recovered, `stratalog.engine.offline`) keeps
+  no leader until an operator recovers it: moving it would only fail again elsewhere.
 
 The controller only writes partition states; each gateway reads them and takes or drops
 leadership itself (`Broker.sync_leadership`).
@@ -131,7 +133,10 @@ def decide_partition(info: TopicInfo, p: int, old: PartitionState | None, live: 
     """The state a partition should have with these live gateways: replicas topped up to
     the replication factor, the ISR without lagging replicas, and a new leader (epoch + 1)
     only when the old one is dead or no longer a replica. `lagging_of(node)` names the
-    "<topic id>/<partition>" the node reported not caught up on."""
+    "<topic id>/<partition>" the node reported not caught up on. An offline partition
+    stays as it is."""
+    if old is not None and old.offline:
+        return old
     rf = min(info.replication_factor, len(live))
     live_set = set(live)
     epoch = old.leader_epoch if old else -1

@@ -55,6 +55,7 @@ _BY_TYPE: list[tuple[type, ErrorCode]] = [
     (engine.InvalidRecord, ErrorCode.INVALID_RECORD),
     (engine.SwapRefused, ErrorCode.INVALID_REQUEST),
     (engine.CorruptLog, ErrorCode.KAFKA_STORAGE_ERROR),
+    (engine.PartitionOffline, ErrorCode.KAFKA_STORAGE_ERROR),
 ]
 
 

@@ -1,7 +1,9 @@
-"""The gateway's HTTP side: `/metrics`, `/healthz`, `/readyz`, and the admin call that
-swaps compacted segments into a partition this gateway leads.
+"""The gateway's HTTP side: `/metrics`, `/healthz`, `/readyz` (which lists offline
+partitions), and the admin calls: the one that swaps compacted segments into a partition
+this gateway leads, and the one that recovers an offline partition (any gateway: the
+coordinator and the object store hold all it needs).
 
-The admin call changes a partition's log, so it is authenticated: with
+The admin calls change a partition's log, so they are authenticated: with
 `http.admin.token.file` set it needs `Authorization: Bearer <that file's token>`; without
 it, it answers only clients on the loopback interface (the default `--http` binds
 127.0.0.1). Metrics and health stay open, as Prometheus and load balancers expect.
@@ -20,8 +22,10 @@ from pathlib import Path
 
 from aiohttp import web
 
-from stratalog.coordinator.model import SegmentEntry
-from stratalog.engine.errors import NotLeader, SwapRefused
+from stratalog.coordinator.kv import CoordinatorUnavailable
+from stratalog.coordinator.model import Fenced, SegmentEntry, UnknownTopic
+from stratalog.engine.errors import NotLeader, RepairRefused, SwapRefused, UnknownTopicOrPartition
+from stratalog.tiering.objectstore.base import ObjectStoreError
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +44,7 @@ class HttpServer:
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_post("/v1/topics/{topic}/partitions/{partition}/segments/replace", self.replace)
+        app.router.add_post("/v1/topics/{topic}/partitions/{partition}/recover", self.recover)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
@@ -60,7 +65,11 @@ class HttpServer:
 
     async def readyz(self, request: web.Request) -> web.Response:
         ready, reason = self.gateway.readiness()
-        return web.json_response({"ready": ready, "reason": reason}, status=200 if ready else 503)
+        broker = self.gateway.broker
+        offline = [{"topic": t, "partition": p, "reason": why}
+                   for t, p, why in (broker.offline_partitions() if broker is not None else [])]
+        return web.json_response({"ready": ready, "reason": reason, "offline_partitions": offline},
+                                 status=200 if ready else 503)
 
     def _refused(self, request: web.Request) -> web.Response | None:
         """None if the caller may use the admin API, else the answer that says why not."""
@@ -102,6 +111,35 @@ class HttpServer:
         except (NotLeader, SwapRefused) as e:
             return web.json_response({"error": str(e)}, status=404 if isinstance(e, NotLeader) else 409)
         return web.json_response({"ok": True})
+
+    async def recover(self, request: web.Request) -> web.Response:
+        """Bring an offline partition back: body {"truncate": bool, "accept_data_loss": bool};
+        truncating needs both, since it gives up committed records."""
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
+        topic = request.match_info["topic"]
+        try:
+            partition = int(request.match_info["partition"])
+            raw = await request.read()
+            body = json.loads(raw) if raw else {}
+            if not isinstance(body, dict):
+                raise ValueError("the body must be a JSON object")
+            truncate, accept = bool(body.get("truncate", False)), bool(body.get("accept_data_loss", False))
+        except (TypeError, ValueError) as e:
+            return web.json_response({"error": f"bad request: {e}"}, status=400)
+        if truncate and not accept:
+            return web.json_response({"error": "truncating gives up committed records: it needs "
+                                               "accept_data_loss too"}, status=400)
+        try:
+            done = await self.gateway.broker.repair_partition(topic, partition, truncate=truncate)
+        except (UnknownTopic, UnknownTopicOrPartition) as e:
+            return web.json_response({"error": f"{topic}-{partition} does not exist ({e})"}, status=404)
+        except (RepairRefused, Fenced) as e:
+            return web.json_response({"error": str(e)}, status=409)
+        except (CoordinatorUnavailable, ObjectStoreError) as e:
+            return web.json_response({"error": f"try again: {e}"}, status=503)
+        return web.json_response({"ok": True, "high_watermark": done.high_watermark, "lost": done.lost})
 
 
 def _read_token(path: str) -> str:

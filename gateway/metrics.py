@@ -70,6 +70,11 @@ class _StateCollector:
         led = GaugeMetricFamily("stratalog_partitions_led", "Partitions this gateway leads")
         led.add_metric([], b.led_count())
         yield led
+        offline = GaugeMetricFamily("stratalog_partitions_offline",
+                                    "Partitions offline because their data could not be recovered "
+                                    "(cluster-wide, as the coordinator records them)")
+        offline.add_metric([], len(b.offline_partitions()))
+        yield offline
         under = GaugeMetricFamily("stratalog_under_replicated_partitions",
                                   "Led partitions whose ISR is smaller than their replica set")
         under.add_metric([], b.under_replicated_count())

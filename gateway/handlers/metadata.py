@@ -33,11 +33,14 @@ async def describe_topic(broker, name: str, info, error: int = 0) -> dict:
                 partitions.append({"error_code": ErrorCode.LEADER_NOT_AVAILABLE, "partition_index": p,
                                    "leader_id": -1, "replica_nodes": [], "isr_nodes": []})
                 continue
+            if st.offline:  # its data could not be recovered: no leader, every replica offline
+                error, offline = ErrorCode.KAFKA_STORAGE_ERROR, list(st.replicas)
+            else:
+                error, offline = (0 if st.leader >= 0 else ErrorCode.LEADER_NOT_AVAILABLE), []
             partitions.append({
-                "error_code": 0 if st.leader >= 0 else ErrorCode.LEADER_NOT_AVAILABLE,
-                "partition_index": p, "leader_id": st.leader, "leader_epoch": st.leader_epoch,
-                "replica_nodes": list(st.replicas), "isr_nodes": list(st.isr),
-                "offline_replicas": [],
+                "error_code": error, "partition_index": p, "leader_id": st.leader,
+                "leader_epoch": st.leader_epoch, "replica_nodes": list(st.replicas),
+                "isr_nodes": list(st.isr), "offline_replicas": offline,
             })
     return {"error_code": error, "name": name, "topic_id": info.topic_id if info else None,
             "is_internal": False, "partitions": partitions}

@@ -24,6 +24,7 @@ from stratalog.infra.cli.common import CliError, UsageError
 COMMANDS = (
     "stratalog.infra.cli.serve",
     "stratalog.infra.cli.topics",
+    "stratalog.infra.cli.partitions",
     "stratalog.infra.cli.produce",
     "stratalog.infra.cli.consume",
     "stratalog.infra.cli.groups",

@@ -121,9 +121,18 @@ def run_describe(args: argparse.Namespace) -> int:
         print_table(
             ["PARTITION", "LEADER", "REPLICAS", "ISR", "ERROR"],
             [[p.id, p.leader if p.leader >= 0 else "none", _ids(p.replicas), _ids(p.isrs),
-              reason(p.error) if p.error is not None else ""] for p in partitions],
+              _partition_error(p.error)] for p in partitions],
         )
     return 0
+
+
+def _partition_error(err) -> str:
+    if err is None:
+        return ""
+    if err.code() == KafkaError.KAFKA_STORAGE_ERROR:
+        # An offline partition: its data could not be recovered.
+        return "OFFLINE: data damaged or missing (stratalog partitions offline shows why)"
+    return reason(err)
 
 
 def _ids(nodes: list[int]) -> str:
