@@ -51,7 +51,7 @@ import hashlib
 import json
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence, Union
 from urllib.parse import quote, unquote
 
 from stratalog.coordinator.kv import (
@@ -212,6 +212,10 @@ def _int(key: str, value: bytes) -> int:
     return v
 
 
+# A decoded coordinator value under topics/ or partitions/ (None: not a partition state).
+_Decoded = Union[TopicInfo, tuple[uuid.UUID, int, PartitionState], None]
+
+
 def _parse_tp(key: str, tid: str, p: str) -> TP:
     try:
         return uuid.UUID(tid), int(p)
@@ -352,7 +356,7 @@ class KVClusterStore:
         # Topic and partition-state values decoded, by key, with the mod revision they were
         # decoded at: the controller and every gateway read all of them several times a
         # second, and with thousands of partitions decoding would be most of the work.
-        self._decoded: dict[str, tuple[int, object]] = {}
+        self._decoded: dict[str, tuple[int, _Decoded]] = {}
         self._sync_lock = asyncio.Lock()
         self._sync_wanted = 0
         self._sync_served = 0
@@ -684,7 +688,7 @@ class KVClusterStore:
         _, kvs = await self.kv.snapshot([self._k("partitions/"), self._k("topics/")])
         counts: dict[uuid.UUID, int] = {}
         states: dict[uuid.UUID, dict[int, PartitionState]] = {}
-        decoded: dict[str, tuple[int, object]] = {}  # what is still there, for the next read
+        decoded: dict[str, tuple[int, _Decoded]] = {}  # what is still there, for the next read
         for key, value, mod in kvs:
             got = self._decoded.get(key)
             if got is None or got[0] != mod:
@@ -696,13 +700,13 @@ class KVClusterStore:
             if isinstance(item, TopicInfo):
                 counts[item.topic_id] = item.partitions
             else:
-                tid, p, st = item  # type: ignore[misc]
+                tid, p, st = item
                 states.setdefault(tid, {})[p] = st
         self._decoded = decoded
         return {tid: {p: s for p, s in states.get(tid, {}).items() if p < n}
                 for tid, n in counts.items()}
 
-    def _decode_metadata(self, key: str, value: bytes) -> object:
+    def _decode_metadata(self, key: str, value: bytes) -> _Decoded:
         """A topic's TopicInfo, a partition's (topic id, partition, state), or None."""
         rel = key[len(self.prefix):].split("/")
         if rel[0] == "topics":
