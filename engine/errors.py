@@ -43,3 +43,9 @@ class SwapRefused(EngineError):
 
 class CorruptLog(EngineError):
     """Committed data could not be read back intact; the partition is not served."""
+
+
+class CorruptRead(CorruptLog):
+    """A range read from the object store failed its CRC-32C or framing checks: that read is
+    refused (answered CORRUPT_MESSAGE, which clients hand to the application) and nothing
+    of it is served or kept in the cache; the rest of the partition stays readable."""
