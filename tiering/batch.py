@@ -218,6 +218,11 @@ def scan_batches(
     return found, pos
 
 
+def crc_matches(batch: memoryview, header: BatchHeader) -> bool:
+    """Whether the CRC-32C of one whole batch, whose header is already parsed, matches."""
+    return crc32c.crc32c(batch[_ATTRIBUTES_OFFSET:header.size]) == header.crc
+
+
 def batch_crc_valid(buf: bytes | bytearray | memoryview, pos: int = 0) -> bool:
     """Whether the whole batch at ``pos`` is present and its CRC-32C matches."""
     view = _as_bytes_view(buf)

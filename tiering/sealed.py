@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable, Generator, Iterator, Union
 
 from . import layout
-from .batch import HEADER_SIZE, BatchHeader, CorruptBatch, batch_crc_valid
+from .batch import HEADER_SIZE, BatchHeader, CorruptBatch, crc_matches
 from .errors import CorruptObject
 from .index import OffsetIndex, TimeIndex
 
@@ -113,7 +113,7 @@ def walk(seg: SegmentObject, take: Callable[[BatchHeader], Take], *,
             return
         if verdict is Take.TAKE:
             whole = yield from buf.bytes(position, h.size)
-            if check_crc and not batch_crc_valid(whole):
+            if check_crc and not crc_matches(whole, h):
                 raise CorruptSegment(f"{key} batch at byte {position} (offset {h.base_offset}): CRC mismatch",
                                      key=key, position=position, offset=h.base_offset)
             yield Batch(position, h, whole)
