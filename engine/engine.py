@@ -24,8 +24,8 @@ from stratalog.tiering.remote import RemoteCache
 from stratalog.tiering.txn import AbortedTxn, marker_batch
 
 from .cleanup import Cleaner
-from .errors import (CorruptLog, FencedLeaderEpoch, InvalidRecord, NotLeader, PartitionOffline,
-                     RecordTooLarge, UnknownLeaderEpoch, UnknownTopicOrPartition)
+from .errors import (CorruptLog, CorruptRead, FencedLeaderEpoch, InvalidRecord, NotLeader,
+                     PartitionOffline, RecordTooLarge, UnknownLeaderEpoch, UnknownTopicOrPartition)
 from .leadership import Assignment, Leadership
 from .offline import Repaired, repair
 from .partition import PartitionLog
@@ -36,6 +36,7 @@ from .wal_writer import WalCommitFailed, WalWriter
 REMOTE_CACHE_BYTES = 1024 * 1024 * 1024
 WAL_FLUSH_MS_S3 = 200  # at most 5 WAL PUTs a second per gateway
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
+_MAX_DAMAGE_TRACKED = 65536
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,10 @@ class LogEngine:
         self.offline_reason = offline_reason
         self.cache = RemoteCache(objects, data_dir / "cache",
                                  max_bytes=_cache_bytes(settings.remote_cache_bytes, objects))
+        # Damaged batches refused so far, by topic (stratalog_corrupt_batches_total); each
+        # (object, byte) counts once however often consumers retry it.
+        self.corrupt_batches: dict[str, int] = {}
+        self._damage_seen: set[tuple[str | None, int | None]] = set()
         self._hw_event = asyncio.Event()
         self.wal = WalWriter(node_id, objects, store, flush_ms=_flush_ms(settings.wal_flush_ms, objects),
                              flush_bytes=settings.wal_flush_bytes, on_committed=self._wal_committed,
@@ -330,9 +335,9 @@ class LogEngine:
                    read_committed: bool = False) -> bytes:
         """Whole committed batches from the one holding `offset`: at least one, then more
         while they fit in `max_bytes`; with `read_committed`, none from the last stable
-        offset on. A damaged object raises CorruptLog: its bytes are never served, and only
+        offset on. A damaged object raises CorruptRead: its bytes are never served, and only
         this partition's read fails."""
-        with _damage_refused(view):
+        with self._damage_refused(view, CorruptRead):
             if read_committed:
                 return await view.read(offset, max_bytes, self.cache, view.last_stable_offset)
             return await view.read(offset, max_bytes, self.cache)
@@ -351,10 +356,32 @@ class LogEngine:
             return (plog.last_stable_offset if read_committed else plog.high_watermark), -1
         if timestamp == EARLIEST:
             return plog.log_start_offset, -1
-        with _damage_refused(plog):
+        with self._damage_refused(plog, CorruptLog):
             if timestamp == MAX_TIMESTAMP:
                 return await plog.max_timestamp_offset(self.cache)
             return await plog.offset_for_timestamp(timestamp, self.cache)
+
+    @contextlib.contextmanager
+    def _damage_refused(self, view: PartitionView, error: type[CorruptLog]) -> Iterator[None]:
+        """A damaged object met while reading becomes `error`: its bytes are never served,
+        nothing of it stays in the cache (a copy damaged on the way is fetched again next
+        time), it is counted, and only this partition's request fails."""
+        try:
+            yield
+        except CorruptObject as exc:
+            if exc.key is not None:
+                self.cache.invalidate(exc.key)
+            where = (exc.key, exc.position)
+            if where not in self._damage_seen:
+                if len(self._damage_seen) >= _MAX_DAMAGE_TRACKED:
+                    self._damage_seen.clear()
+                self._damage_seen.add(where)
+                self.corrupt_batches[view.topic] = self.corrupt_batches.get(view.topic, 0) + 1
+                log.error("%s-%d: not serving damaged data (object %s, byte %s, offset %s): %s",
+                          view.topic, view.partition, exc.key, exc.position, exc.offset, exc)
+            else:  # a consumer retrying the same range: logged once above
+                log.debug("%s-%d: still damaged: %s", view.topic, view.partition, exc)
+            raise error(f"{view.topic}-{view.partition}: {exc}") from exc
 
     def _hw_event_fire(self) -> None:
         self._hw_event.set()
@@ -420,16 +447,5 @@ class LogEngine:
             plog.txns.forget_before(plog.log_start_offset)
 
 
-@contextlib.contextmanager
-def _damage_refused(view: PartitionView) -> Iterator[None]:
-    """A damaged object met while reading becomes CorruptLog: its bytes are never served,
-    and only this partition's request fails."""
-    try:
-        yield
-    except CorruptObject as exc:
-        log.error("%s-%d: not serving a damaged object: %s", view.topic, view.partition, exc)
-        raise CorruptLog(f"{view.topic}-{view.partition}: {exc}") from exc
-
-
-__all__ = ["AppendResult", "Assignment", "CorruptLog", "EngineSettings", "LogEngine", "PartitionView",
-           "Repaired"]
+__all__ = ["AppendResult", "Assignment", "CorruptLog", "CorruptRead", "EngineSettings", "LogEngine",
+           "PartitionView", "Repaired"]

@@ -53,3 +53,9 @@ class PartitionOffline(EngineError):
 class RepairRefused(EngineError):
     """An operator's recovery of an offline partition that cannot be done as asked (the
     partition is not offline, or its data is still damaged and truncation was not asked)."""
+
+
+class CorruptRead(CorruptLog):
+    """A range read from the object store failed its CRC-32C or framing checks: that read is
+    refused (answered CORRUPT_MESSAGE, which clients hand to the application) and nothing
+    of it is served or kept in the cache; the rest of the partition stays readable."""

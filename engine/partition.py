@@ -21,6 +21,7 @@ from stratalog.coordinator.model import ClusterStore, SegmentEntry, WalRange
 from stratalog.tiering import layout
 from stratalog.tiering.batch import (HEADER_SIZE, BatchHeader, decode_records, patch_batch,
                                      scan_batches, set_log_append_time)
+from stratalog.tiering.errors import CorruptObject
 from stratalog.tiering.index import TimeIndex
 from stratalog.tiering.objectstore.base import ObjectNotFound, ObjectStore
 from stratalog.tiering.remote import RemoteCache
@@ -433,7 +434,8 @@ async def read_sealed_log(cache: RemoteCache, sealed: list[SegmentEntry], offset
 async def read_sealed(cache: RemoteCache, entry: SegmentEntry, offset: int, max_bytes: int,
                       high_watermark: int) -> bytes:
     """Whole batches of a sealed segment from the one holding `offset`: at least one, then
-    more while they fit in max_bytes; CRCs checked, a damaged object raises CorruptSegment."""
+    more while they fit in max_bytes; CRCs checked: damage in the first batch raises
+    CorruptSegment, damage after it ends the read before it."""
     taken = 0
 
     def take(h: BatchHeader) -> Take:
@@ -452,4 +454,13 @@ async def read_sealed(cache: RemoteCache, entry: SegmentEntry, offset: int, max_
 
     seg = SegmentObject(entry.key_base, entry.base_offset, entry.last_offset, entry.size)
     steps = walk(seg, take, seek_offset=offset, chunk_bytes=max(max_bytes, HEADER_SIZE), check_crc=True)
-    return b"".join([b.data async for b in read_async(steps, get)])
+    intact: list[memoryview] = []
+    try:
+        async for b in read_async(steps, get):
+            intact.append(b.data)
+    except CorruptObject:
+        if not intact:
+            raise
+        # The batches before the damage are served; the consumer's next fetch starts at
+        # the damaged one and gets the error for it alone.
+    return b"".join(intact)

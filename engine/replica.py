@@ -16,7 +16,7 @@ import uuid
 
 from stratalog.coordinator.model import ClusterStore, SegmentEntry, WalRange
 from stratalog.tiering import layout
-from stratalog.tiering.batch import scan_batches
+from stratalog.tiering.batch import check_range, scan_batches
 from stratalog.tiering.remote import RemoteCache
 from stratalog.tiering.txn import decode_txnindex, marker_commits
 from stratalog.tiering.wal import check_version as check_wal_version
@@ -114,6 +114,7 @@ class ReplicaView:
         for key, r in self.wal:
             if r.base_offset <= offset <= r.last_offset:
                 data = await cache.read(key, r.position, r.position + r.length)
+                check_range(data, key, r.position)
                 return _limit(trim_batches(data, offset, end), max_bytes)
         return None
 

@@ -54,6 +54,9 @@ _BY_TYPE: list[tuple[type, ErrorCode]] = [
     (engine.RecordTooLarge, ErrorCode.MESSAGE_TOO_LARGE),
     (engine.InvalidRecord, ErrorCode.INVALID_RECORD),
     (engine.SwapRefused, ErrorCode.INVALID_REQUEST),
+    # Before CorruptLog, its base: a damaged range is CORRUPT_MESSAGE, which librdkafka and
+    # the Java consumer hand to the application (KAFKA_STORAGE_ERROR they retry silently).
+    (engine.CorruptRead, ErrorCode.CORRUPT_MESSAGE),
     (engine.CorruptLog, ErrorCode.KAFKA_STORAGE_ERROR),
     (engine.PartitionOffline, ErrorCode.KAFKA_STORAGE_ERROR),
 ]

@@ -97,6 +97,13 @@ class _StateCollector:
         ratio = GaugeMetricFamily("stratalog_cache_hit_ratio", "Remote-read cache hits over lookups")
         ratio.add_metric([], hits / (hits + misses) if hits + misses else 0.0)
         yield ratio
+        corrupt = CounterMetricFamily("stratalog_corrupt_batches",
+                                      "Damaged record batches read from the object store and refused "
+                                      "(CRC-32C or framing); each object byte counted once",
+                                      labels=["topic"])
+        for topic, count in sorted(b.engine.corrupt_batches.items()):
+            corrupt.add_metric([topic], count)
+        yield corrupt
         lag = GaugeMetricFamily("stratalog_consumer_group_lag", "High watermark minus committed offset",
                                 labels=["group", "topic", "partition"])
         for (group, topic, partition), value in b.group_lag.items():

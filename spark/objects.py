@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from stratalog.tiering.objectstore.base import ObjectInfo, ObjectNotFound, ObjectStoreError, check_key
+from stratalog.tiering.objectstore.base import (ObjectInfo, ObjectNotFound, ObjectStoreError, check_key,
+                                                crc32c_checksum_of)
 from stratalog.tiering.objectstore.file import TMP_PREFIX
 
 TRACE_ENV = "STRATALOG_READ_TRACE"
@@ -175,6 +176,21 @@ class FileStore:
             self._path(key).unlink(missing_ok=True)
 
 
+# Compaction writes segments of segment.bytes (1 GiB by default) at most; botocore would
+# need awscrt to put a CRC-32C on each part of a multipart upload, so up to this size an
+# object goes up whole with the checksum computed here.
+SINGLE_PUT_BYTES = 2 * 1024**3
+
+
+def _file_crc32c(f) -> str:
+    import crc32c
+
+    value = 0
+    while chunk := f.read(8 * 1024 * 1024):
+        value = crc32c.crc32c(chunk, value)
+    return crc32c_checksum_of(value)
+
+
 class S3Store:
     """`s3://bucket/prefix` objects through boto3 (standard retry mode)."""
 
@@ -251,10 +267,19 @@ class S3Store:
         return found
 
     def put_file(self, key: str, source: Path) -> None:
-        """Upload a local file as an object (multipart when large)."""
+        """Upload a local file as an object: one PUT carrying its CRC-32C up to
+        SINGLE_PUT_BYTES, multipart (with botocore's default CRC32 per part) above."""
         client_error, core_error = self._errors()
+        full = self.prefix + check_key(key)
         try:
-            self._client.upload_file(str(source), self.bucket, self.prefix + check_key(key))
+            if source.stat().st_size <= SINGLE_PUT_BYTES:
+                with open(source, "rb") as f:
+                    checksum = _file_crc32c(f)
+                    f.seek(0)
+                    self._client.put_object(Bucket=self.bucket, Key=full, Body=f, ChecksumAlgorithm="CRC32C",
+                                            ChecksumCRC32C=checksum)
+                return
+            self._client.upload_file(str(source), self.bucket, full)
         except (client_error, core_error) as exc:
             raise ObjectStoreError(f"PUT {key}: {exc}") from exc
         except Exception as exc:  # boto3's transfer manager wraps failures in its own types

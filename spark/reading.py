@@ -88,7 +88,8 @@ def _read_records(s: SegmentSlice, get) -> Iterator:
             records = decode_records(batch.data)
         except CorruptBatch as exc:
             raise CorruptSegment(f"{s.key_base}{layout.LOG} batch at byte {batch.position} "
-                                 f"(offset {h.base_offset}): {exc}") from exc
+                                 f"(offset {h.base_offset}): {exc}", key=s.key_base + layout.LOG,
+                                 position=batch.position, offset=h.base_offset) from exc
         timestamp_type = 1 if h.timestamp_type == LOG_APPEND_TIME else 0
         if stop_ts is None and seek_ts is None and start_offset <= h.base_offset and h.last_offset < end_offset:
             out.extend(records, timestamp_type)  # the common case: every record counts

@@ -25,6 +25,7 @@ from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchB
 
 from stratalog.infra.processes import free_port
 from stratalog.tiering import compression
+from stratalog.tiering.errors import CorruptObject
 from stratalog.tiering.batch import (
     HEADER_SIZE,
     BatchHeader,
@@ -33,6 +34,7 @@ from stratalog.tiering.batch import (
     UnsupportedMagic,
     batch_crc_valid,
     build_batch,
+    check_range,
     decode_records,
     patch_batch,
     scan_batches,
@@ -172,6 +174,30 @@ def test_every_flipped_byte_in_crc_range_is_detected():
         with pytest.raises(CorruptBatch):
             decode_records(damaged)
         assert not batch_crc_valid(damaged)
+
+
+def test_check_range_names_the_object_byte_and_offset_of_the_first_damaged_batch():
+    """The check of bytes read back from the store: every flipped byte under a CRC, a torn
+    batch or garbage is refused with where it is; bytes outside the CRC (baseOffset,
+    partitionLeaderEpoch: the broker's to patch) are not its business."""
+    batches = [build_batch(sample_records(3), base_offset=10 * i, timestamp_ms=i,
+                           compression=compression.LZ4 if i % 2 else compression.NONE) for i in range(3)]
+    data = b"".join(batches)
+    assert check_range(data, "k.log", 500) == 3
+    assert check_range(b"", "k.log") == 0
+    second = len(batches[0])
+    for pos in range(second + 21, second + len(batches[1])):
+        damaged = bytearray(data)
+        damaged[pos] ^= 0x10
+        with pytest.raises(CorruptObject, match="CRC mismatch") as caught:
+            check_range(damaged, "topics/t/0/x.log", 500)
+        assert (caught.value.key, caught.value.position, caught.value.offset) == ("topics/t/0/x.log", 500 + second, 10)
+    with pytest.raises(CorruptObject, match="remain") as caught:
+        check_range(data[:-1], "k.log")
+    assert caught.value.position == second + len(batches[1]) and caught.value.offset == 20
+    with pytest.raises(CorruptObject, match="at byte 0") as caught:
+        check_range(b"\x00" * 100, "k.log")
+    assert caught.value.offset is None
 
 
 def test_patch_batch_sets_offset_and_epoch_and_keeps_crc():

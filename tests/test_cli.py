@@ -563,6 +563,27 @@ def test_segments_dump_reports_a_crc_mismatch(objects):
     assert "offset 2  timestamp 2000  key k2" in out  # the intact batch still is
 
 
+def test_segments_verify_reports_every_damaged_object_of_a_topic(objects):
+    """A clean topic verifies with status 0; a flipped bit in a .log batch and a torn
+    .index are each reported with where they are, and the status is non-zero."""
+    out = seg(objects, "verify", "orders")
+    assert out.returncode == 0, out.stderr.decode()
+    assert "orders: 3 objects, 2 batches checked, 0 damaged" in out.stdout.decode()
+    keys, first = objects["keys"], objects["first"]
+    log = bytearray(objects["blobs"]["log"])
+    log[len(first) + 70] ^= 0x08  # inside the second batch's records
+    (objects["root"] / keys["log"]).write_bytes(bytes(log))
+    (objects["root"] / keys["index"]).write_bytes(objects["blobs"]["index"][:-3])
+    proc = seg(objects, "verify", "orders", "--partition", "0")
+    assert_one_error(proc, "2 damaged objects in orders partition 0")
+    lines = proc.stdout.decode().splitlines()
+    assert lines[0] == f"DAMAGED {keys['log']} batch at byte {len(first)} (offset 2): CRC mismatch"
+    assert lines[1].startswith(f"DAMAGED {keys['index']}: ") and "multiple of 8" in lines[1]
+    assert lines[2] == "orders partition 0: 3 objects, 1 batches checked, 2 damaged"
+    assert_one_error(seg(objects, "verify", "orders", "--partition", "1"), "no sealed segments of orders partition 1")
+    assert_one_error(seg(objects, "verify", "payments"), "no sealed segments of payments")
+
+
 def test_segments_dump_reports_a_torn_tail(objects):
     _corrupt(objects, "log", objects["blobs"]["log"][:-5])
     proc = seg(objects, "dump", objects["keys"]["log"])

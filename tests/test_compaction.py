@@ -378,6 +378,15 @@ def test_compaction_on_s3(spark, gateway_factory):
         reader = (spark.read.format("stratalog").option("topic", "on-s3").option("endpoint", endpoint)
                   .option("pathStyle", "true"))
         assert rows_of(reader.load(spec.url)) == after
+        # Every segment object, the gateway's and the compaction's, carries a CRC32C.
+        import boto3
+
+        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        logs = [o["Key"] for o in s3.list_objects_v2(Bucket="compacted", Prefix="c1/topics/")["Contents"]
+                if o["Key"].endswith(".log")]
+        assert len(logs) >= 2, logs
+        for key in logs:
+            assert s3.head_object(Bucket="compacted", Key=key, ChecksumMode="ENABLED").get("ChecksumCRC32C"), key
 
 
 def test_compaction_removes_aborted_records_and_leaves_open_transactions_alone(spark, gateway_factory):

@@ -18,7 +18,7 @@ import pytest
 
 from moto_fixture import MotoServer, dummy_aws_env
 from stratalog.coordinator.model import PartitionState, TopicInfo
-from stratalog.engine.errors import CorruptLog, NotLeader, OffsetOutOfRange
+from stratalog.engine.errors import CorruptLog, CorruptRead, NotLeader, OffsetOutOfRange
 from stratalog.engine.producers import OutOfOrderSequence
 from stratalog.engine.wal_writer import WalCommitFailed
 from stratalog.gateway.cluster import balance_leaders, decide_partition, new_topic_assignments
@@ -263,9 +263,10 @@ def test_segment_ms_seals_the_active_segment(backends):
 
 
 def test_a_damaged_sealed_segment_fails_its_partition_only(backends):
-    """A sealed .log damaged in the store after upload is refused as CorruptLog (Kafka's
-    KAFKA_STORAGE_ERROR) on read and on a timestamp lookup, never served; the topic's other
-    partition keeps serving."""
+    """A sealed .log damaged in the store after upload is refused on read as CorruptRead
+    (CORRUPT_MESSAGE, which consumers hand to the application) and on a timestamp lookup that
+    reaches it as CorruptLog (KAFKA_STORAGE_ERROR), never served, counted once however often it is read,
+    and none of it stays in the read cache; the topic's other partition keeps serving."""
 
     async def body(h):
         await h.create_topic("dmg", 2, {"segment.ms": "60000"})
@@ -284,10 +285,15 @@ def test_a_damaged_sealed_segment_fails_its_partition_only(backends):
         await h.objects.put(damaged.key_base + layout.LOG, bytes(data))
 
         plog = engine.leader("dmg", 0)
-        with pytest.raises(CorruptLog, match="CRC"):
-            await read_all(engine, "dmg", 0, start=4)
+        for _ in range(2):  # a consumer retrying
+            with pytest.raises(CorruptRead, match="CRC"):
+                await read_all(engine, "dmg", 0, start=4)
+        assert engine.corrupt_batches == {"dmg": 1}
+        assert not [e for e in engine.cache._lru if e[0] == damaged.key_base + layout.LOG]
+        assert (await engine.list_offset(plog, ts))[0] < 4  # found in an intact batch
         with pytest.raises(CorruptLog):
-            await engine.list_offset(plog, ts)
+            await engine.list_offset(plog, -3)  # MAX_TIMESTAMP reads every batch
+        assert error_code(CorruptRead()) == ErrorCode.CORRUPT_MESSAGE
         assert error_code(CorruptLog()) == ErrorCode.KAFKA_STORAGE_ERROR
         assert len(records_of(await read_all(engine, "dmg", 1))) == 6
         assert healthy.size == len(await h.objects.get(healthy.key_base + layout.LOG))
@@ -905,3 +911,36 @@ def test_balance_leaders_bumps_the_epoch_once():
     moved = [(p, new) for _, p, _, new in out if new.leader == 2]
     assert [(p, new.leader_epoch) for p, new in moved] == [(0, 8)]
     assert out[0][3].replicas[0] == 2 and 2 in out[0][3].isr
+
+
+@pytest.mark.unit
+def test_a_replica_refuses_a_damaged_wal_range(tmp_path):
+    """A follower serving a committed WAL range (KIP-392 reads) checks the CRC of every
+    batch it read back; a flipped byte is refused with the object, byte and offset."""
+    from stratalog.coordinator.model import WalRange
+    from stratalog.engine.replica import ReplicaView
+    from stratalog.tiering.errors import CorruptObject
+    from stratalog.tiering.objectstore.file import FileObjectStore
+    from stratalog.tiering.remote import RemoteCache
+
+    batches = build_batch([(b"k", b"v" * 100, [])] * 3, base_offset=0) + \
+        build_batch([(b"k", b"w" * 100, [])] * 3, base_offset=3)
+    key, position = "wal/1/00000000000000000001.wal", 8
+
+    async def body():
+        store = FileObjectStore(tmp_path / "objects")
+        cache = RemoteCache(store, tmp_path / "cache", max_bytes=0)
+        view = ReplicaView("t", uuid.uuid4(), 0)
+        view.wal = [(key, WalRange(view.topic_id, 0, 0, 5, position, len(batches), 0))]
+        view.high_watermark = 6
+        await store.put(key, b"\0" * position + batches)
+        assert await view.read(0, 1 << 20, cache) == batches
+        damaged = bytearray(batches)
+        damaged[-5] ^= 0x01
+        await store.put(key, b"\0" * position + bytes(damaged))
+        with pytest.raises(CorruptObject, match="CRC") as caught:
+            await view.read(0, 1 << 20, cache)
+        second = len(batches) // 2
+        assert (caught.value.key, caught.value.position, caught.value.offset) == (key, position + second, 3)
+
+    asyncio.run(body())

@@ -16,7 +16,8 @@ from stratalog.infra.processes import free_port
 from stratalog.tiering import layout
 from moto_fixture import MotoServer, dummy_aws_env
 from stratalog.tiering.objectstore import ObjectNotFound, ObjectStoreError, open_store
-from stratalog.tiering.objectstore.base import ObjectInfo
+from stratalog.tiering.errors import CorruptObject
+from stratalog.tiering.objectstore.base import ObjectInfo, check_crc32c, crc32c_checksum
 from stratalog.tiering.objectstore.file import FileObjectStore
 from stratalog.tiering.objectstore.s3 import S3ObjectStore
 
@@ -677,3 +678,49 @@ def test_parse_segment_key_rejects_malformed(key):
 def test_parse_wal_key_rejects_malformed(key):
     with pytest.raises(ValueError):
         layout.parse_wal_key(key)
+
+
+# -- checksums -------------------------------------------------------------------------
+
+
+@pytest.mark.unit
+def test_check_crc32c_refuses_bytes_that_differ_from_the_stored_checksum():
+    data = b"batch bytes" * 100
+    stored = crc32c_checksum(data)
+    check_crc32c("k", data, stored)
+    check_crc32c("k", data, None)  # no checksum stored (a range, an older object)
+    check_crc32c("k", b"other", stored + "-3")  # a multipart object's checksum of checksums
+    with pytest.raises(CorruptObject, match="does not match") as caught:
+        check_crc32c("topics/x.index", data[:-1] + b"!", stored)
+    assert caught.value.key == "topics/x.index"
+
+
+def test_s3_uploads_carry_a_crc32c_and_whole_reads_check_it(aws_env):
+    """Single and multipart uploads store a CRC32C (the store checks it on the way in);
+    an object whose bytes no longer match it is refused on a whole-object GET."""
+    import boto3
+
+    bucket = make_bucket(aws_env)
+    raw = boto3.client("s3", endpoint_url=aws_env, region_name="us-east-1")
+    small, big = os.urandom(1000), os.urandom(12 * MiB + 5)
+
+    async def scenario(store):
+        await store.put("a/small.index", small)
+        await store.put("a/big.log", big)
+        head = raw.head_object(Bucket=bucket, Key="p/a/small.index", ChecksumMode="ENABLED")
+        assert head["ChecksumCRC32C"] == crc32c_checksum(small)
+        head = raw.head_object(Bucket=bucket, Key="p/a/big.log", ChecksumMode="ENABLED")
+        assert head["ChecksumCRC32C"]  # of the parts' CRC32Cs
+        assert await store.get("a/big.log") == big  # ... which says nothing of the bytes alone
+        assert await store.get("a/small.index") == small
+        # Bit rot at rest: the bytes change, the stored checksum stays.
+        damaged = bytearray(small)
+        damaged[500] ^= 0x04
+        raw.put_object(Bucket=bucket, Key="p/a/small.index", Body=bytes(damaged),
+                       ChecksumAlgorithm="CRC32C", ChecksumCRC32C=crc32c_checksum(small))
+        with pytest.raises(CorruptObject, match="CRC32C"):
+            await store.get("a/small.index")
+        # A range has no checksum of its own: the format's CRCs check those.
+        assert await store.get("a/small.index", 0, 10) == bytes(damaged[:10])
+
+    run_with(lambda **o: open_store(f"s3://{bucket}/p", **o), scenario, **S3_SMALL_MULTIPART)

@@ -157,8 +157,9 @@ def test_offsets_outside_the_manifest_entry_are_refused(segment):
 def test_a_flipped_body_byte_is_refused_when_crcs_are_checked(segment):
     seg, objects = segment
     store = Store(_damaged(objects, lambda log: log.__setitem__(HEADER_SIZE + 30, log[HEADER_SIZE + 30] ^ 1)))
-    with pytest.raises(CorruptSegment, match="CRC"):
+    with pytest.raises(CorruptSegment, match="CRC") as caught:
         list(read_sync(walk(seg, _all, check_crc=True), store.get))
+    assert (caught.value.key, caught.value.position, caught.value.offset) == (KEY + layout.LOG, 0, 100)
     # Without the check the batch is handed on (Spark's decoder checks the CRC itself).
     assert len(list(read_sync(walk(seg, _all), store.get))) == BATCHES
 

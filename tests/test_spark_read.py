@@ -275,6 +275,43 @@ def test_corrupt_segment_is_an_error_not_garbage(spark, file_cluster, tmp_path):
         df.collect()
 
 
+@pytest.mark.parametrize("where", ["file", "s3"])
+def test_a_flipped_bit_raises_with_the_object_and_offset(spark, where, request):
+    """One bit flipped under a batch's CRC (issue 14 item 5): the query fails naming the
+    `.log` object, the byte and the batch's offset; no row of the damaged batch is returned."""
+    import re
+
+    from stratalog.tiering.batch import scan_batches
+
+    cluster = request.getfixturevalue(f"{where}_cluster")
+    seg = _segments(cluster, "codec-none", 0)[0]
+    key = seg.key_base + ".log"
+    store = cluster.spec.open()
+    original = store.get(key)
+    batches, _ = scan_batches(original)
+    position, header = batches[1]
+    damaged = bytearray(original)
+    damaged[position + header.size - 3] ^= 0x01
+    if where == "file":
+        path = _copy_store(cluster, request.getfixturevalue("tmp_path")) / key
+        path.write_bytes(bytes(damaged))
+        df = spark.read.format("stratalog").option("topic", "codec-none").load(path.parents[3].as_uri())
+    else:
+        import boto3
+
+        s3 = boto3.client("s3", endpoint_url=cluster.spec.endpoint, region_name="us-east-1")
+        s3.put_object(Bucket="logs", Key=f"cluster-a/{key}", Body=bytes(damaged))
+        df = cluster.read(spark, "codec-none")
+    try:
+        with pytest.raises(Exception) as caught:
+            df.collect()
+        where_text = re.escape(f"{key} batch at byte {position} (offset {header.base_offset})")
+        assert re.search(where_text + r": CRC mismatch", str(caught.value)), str(caught.value)[-2000:]
+    finally:
+        if where == "s3":
+            s3.put_object(Bucket="logs", Key=f"cluster-a/{key}", Body=original)
+
+
 def test_truncated_segment_is_an_error(spark, file_cluster, tmp_path):
     root = _copy_store(file_cluster, tmp_path)
     seg = _segments(file_cluster, "codec-gzip", 0)[0]

@@ -47,6 +47,7 @@ import crc32c
 from aiokafka.record.default_records import DefaultRecordBatch as _CompiledBatch
 
 from stratalog.tiering import compression as codecs
+from stratalog.tiering.errors import CorruptObject
 
 HEADER_SIZE = 61
 MAGIC = 2
@@ -217,6 +218,11 @@ def scan_batches(
     return found, pos
 
 
+def crc_matches(batch: memoryview, header: BatchHeader) -> bool:
+    """Whether the CRC-32C of one whole batch, whose header is already parsed, matches."""
+    return crc32c.crc32c(batch[_ATTRIBUTES_OFFSET:header.size]) == header.crc
+
+
 def batch_crc_valid(buf: bytes | bytearray | memoryview, pos: int = 0) -> bool:
     """Whether the whole batch at ``pos`` is present and its CRC-32C matches."""
     view = _as_bytes_view(buf)
@@ -225,6 +231,35 @@ def batch_crc_valid(buf: bytes | bytearray | memoryview, pos: int = 0) -> bool:
     except CorruptBatch:
         return False
     return pos + header.size <= len(view) and _crc_matches(view, pos, header)
+
+
+def check_range(buf: bytes | bytearray | memoryview, key: str, position: int = 0) -> int:
+    """Check bytes read back from an object: whole batches, each with its CRC-32C matching.
+
+    `buf` holds bytes [position, position + len(buf)) of object `key`. Returns how many
+    batches it holds; raises CorruptObject naming the object, the byte and (once a header
+    parses) the batch's first offset. Only headers are parsed in Python: the CRC runs
+    over each batch's bytes in C, nothing is done per record.
+    """
+    view = _as_bytes_view(buf)
+    end = len(view)
+    pos = count = 0
+    while pos < end:
+        at = position + pos
+        try:
+            header = BatchHeader.parse(view, pos)
+        except CorruptBatch as exc:
+            raise CorruptObject(f"{key} at byte {at}: {exc}", key=key, position=at) from exc
+        if pos + header.size > end:
+            raise CorruptObject(f"{key} batch at byte {at} (offset {header.base_offset}) claims "
+                                f"{header.size} bytes, {end - pos} remain", key=key, position=at,
+                                offset=header.base_offset)
+        if not _crc_matches(view, pos, header):
+            raise CorruptObject(f"{key} batch at byte {at} (offset {header.base_offset}): CRC mismatch",
+                                key=key, position=at, offset=header.base_offset)
+        pos += header.size
+        count += 1
+    return count
 
 
 def patch_batch(buf: bytearray | memoryview, pos: int, base_offset: int, leader_epoch: int) -> None:

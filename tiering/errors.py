@@ -4,7 +4,15 @@ from __future__ import annotations
 
 
 class CorruptObject(Exception):
-    """An object's bytes fail their checks (magic, version, CRC, bounds): never serve them."""
+    """An object's bytes fail their checks (magic, version, CRC, bounds): never serve them.
+
+    `key`, `position` and `offset` say where, when the check knows: the object, the byte
+    in it and the first offset of the damaged batch."""
+
+    def __init__(self, message: str = "", *, key: str | None = None, position: int | None = None,
+                 offset: int | None = None) -> None:
+        super().__init__(message)
+        self.key, self.position, self.offset = key, position, offset
 
 
 class UnsupportedFormat(CorruptObject):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable, Generator, Iterator, Union
 
 from . import layout
-from .batch import HEADER_SIZE, BatchHeader, CorruptBatch, batch_crc_valid
+from .batch import HEADER_SIZE, BatchHeader, CorruptBatch, crc_matches
 from .errors import CorruptObject
 from .index import OffsetIndex, TimeIndex
 
@@ -93,26 +93,29 @@ def walk(seg: SegmentObject, take: Callable[[BatchHeader], Take], *,
     previous_end = seg.base_offset
     while position < end:
         if position + HEADER_SIZE > end:
-            raise CorruptSegment(f"{key}: {end - position} trailing bytes at {position} are not a batch")
+            raise CorruptSegment(f"{key}: {end - position} trailing bytes at {position} are not a batch",
+                                 key=key, position=position)
         view = yield from buf.bytes(position, HEADER_SIZE)
         try:
             h = BatchHeader.parse(view)
         except CorruptBatch as exc:
-            raise CorruptSegment(f"{key} at byte {position}: {exc}") from exc
+            raise CorruptSegment(f"{key} at byte {position}: {exc}", key=key, position=position) from exc
         if h.base_offset < previous_end or h.last_offset > seg.last_offset or h.last_offset_delta < 0:
             raise CorruptSegment(f"{key} at byte {position}: batch offsets {h.base_offset}..{h.last_offset} "
                                  f"do not follow {previous_end - 1} within segment "
-                                 f"{seg.base_offset}..{seg.last_offset}")
+                                 f"{seg.base_offset}..{seg.last_offset}", key=key, position=position)
         if position + h.size > end:
-            raise CorruptSegment(f"{key}: batch at byte {position} runs past the end ({end})")
+            raise CorruptSegment(f"{key}: batch at byte {position} runs past the end ({end})",
+                                 key=key, position=position, offset=h.base_offset)
         previous_end = h.last_offset + 1
         verdict = take(h)
         if verdict is Take.STOP:
             return
         if verdict is Take.TAKE:
             whole = yield from buf.bytes(position, h.size)
-            if check_crc and not batch_crc_valid(whole):
-                raise CorruptSegment(f"{key} batch at byte {position} (offset {h.base_offset}): CRC mismatch")
+            if check_crc and not crc_matches(whole, h):
+                raise CorruptSegment(f"{key} batch at byte {position} (offset {h.base_offset}): CRC mismatch",
+                                     key=key, position=position, offset=h.base_offset)
             yield Batch(position, h, whole)
         position += h.size
 
@@ -126,7 +129,7 @@ def _parsed(seg: SegmentObject, ext: str, parse):
     try:
         return parse()
     except ValueError as exc:
-        raise CorruptSegment(f"{seg.key_base}{ext}: {exc}") from exc
+        raise CorruptSegment(f"{seg.key_base}{ext}: {exc}", key=seg.key_base + ext) from exc
 
 
 class _Window:
@@ -146,7 +149,8 @@ class _Window:
             data = yield Get(self.key, fetch_from, fetch_to)
             if len(data) != fetch_to - fetch_from:
                 raise CorruptSegment(f"{self.key}: object ends at {fetch_from + len(data)}, "
-                                     f"the manifest says {self.size}")
+                                     f"the manifest says {self.size}", key=self.key,
+                                     position=fetch_from + len(data))
             self.buf = keep + data if keep else data
             self.start, offset = position, 0
         return memoryview(self.buf)[offset:offset + length]

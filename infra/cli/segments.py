@@ -1,6 +1,7 @@
-"""`stratalog segments ls|dump`: inspect the object store directly, without a broker.
+"""`stratalog segments ls|dump|verify`: inspect the object store directly, without a broker.
 
-`ls` lists WAL objects, segment files and manifests with their sizes; `dump` decodes
+`ls` lists WAL objects, segment files and manifests with their sizes; `verify` scrubs a
+topic's sealed objects (`infra/cli/verify.py`); `dump` decodes
 objects by what their key says they are (transaction markers as markers, `.txnindex`
 sidecars as aborted transactions). Problems found while decoding (a CRC mismatch,
 a torn tail, an index entry that misses the log) are printed where they occur and end
@@ -46,6 +47,16 @@ def add_parser(subparsers) -> None:
     _add_store_options(p)
     p.set_defaults(run=run_dump)
 
+    p = actions.add_parser("verify", help="check every sealed object of a topic (CRC-32C, framing, sidecars)",
+                           description="Scrub TOPIC's sealed segments: every batch of every .log has its "
+                                       "CRC-32C and framing checked, and the .index/.timeindex/.txnindex "
+                                       "sidecars are parsed against their .log. Prints each damaged object "
+                                       "and exits non-zero if any is found.")
+    p.add_argument("topic", metavar="TOPIC")
+    p.add_argument("--partition", type=int, metavar="N", help="only partition N")
+    _add_store_options(p)
+    p.set_defaults(run=run_verify)
+
 
 def _add_store_options(p: argparse.ArgumentParser) -> None:
     where = p.add_argument_group("object store").add_mutually_exclusive_group()
@@ -59,7 +70,7 @@ def _add_store_options(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:  # every action binds its own run_*
-    raise CliError("choose an action: ls or dump")
+    raise CliError("choose an action: ls, dump or verify")
 
 
 def store_url(args: argparse.Namespace) -> str:
@@ -197,4 +208,31 @@ async def _dump(args: argparse.Namespace) -> int:
         first = dumper.problems[0]
         more = f" (and {len(dumper.problems) - 1} more)" if len(dumper.problems) > 1 else ""
         raise CliError(f"{first}{more}")
+    return 0
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    return asyncio.run(_verify(args))
+
+
+async def _verify(args: argparse.Namespace) -> int:
+    from stratalog.infra.cli.verify import verify_topic
+
+    store = _open(args)
+    _, store_error = _store_errors()
+    try:
+        report = await verify_topic(store, args.topic, args.partition)
+    except store_error as exc:
+        raise CliError(f"cannot read {store.url}: {exc}") from None
+    finally:
+        await store.close()
+    which = args.topic if args.partition is None else f"{args.topic} partition {args.partition}"
+    if not report.objects and not report.damage:
+        raise CliError(f"no sealed segments of {which} in {store.url}")
+    for line in report.damage:
+        print(f"DAMAGED {line}")
+    print(f"{which}: {report.objects} objects, {report.batches} batches checked, "
+          f"{len(report.damage)} damaged")
+    if report.damage:
+        raise CliError(f"{len(report.damage)} damaged objects in {which}")
     return 0

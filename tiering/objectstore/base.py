@@ -6,11 +6,16 @@ Keys are relative to the store's root or prefix and use `/` separators.
 
 from __future__ import annotations
 
+import base64
 import builtins  # the stores have a method named list
 
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+
+import crc32c
+
+from stratalog.tiering.errors import CorruptObject
 
 
 class ObjectNotFound(KeyError):
@@ -50,6 +55,27 @@ class ObjectStore(Protocol):
 
     async def close(self) -> None:
         """Release connections."""
+
+
+def crc32c_checksum(data: bytes | bytearray | memoryview) -> str:
+    """S3's form of the CRC-32C of `data`: the big-endian 4 bytes, base64."""
+    return crc32c_checksum_of(crc32c.crc32c(data))
+
+
+def crc32c_checksum_of(value: int) -> str:
+    """S3's form of a CRC-32C value."""
+    return base64.b64encode(value.to_bytes(4, "big")).decode("ascii")
+
+
+def check_crc32c(key: str, data: bytes, stored: str | None) -> None:
+    """CorruptObject if the store returned a whole-object CRC-32C that the bytes do not match.
+
+    S3 returns one only for a GET of the whole object (not a range), and a multipart
+    object's is a checksum of its parts' checksums (`...-N`), which says nothing of the
+    bytes alone: both are left to the checks of the format itself."""
+    if stored and "-" not in stored and crc32c_checksum(data) != stored:
+        raise CorruptObject(f"{key}: the store's CRC32C {stored} does not match the "
+                            f"{len(data)} bytes read ({crc32c_checksum(data)})", key=key)
 
 
 def check_key(key: str) -> str:
