@@ -225,6 +225,21 @@ def test_large_object_multipart(backend):
     run_with(make, scenario, **S3_SMALL_MULTIPART)
 
 
+@pytest.mark.unit
+def test_file_store_links_a_put_file_on_the_same_file_system(tmp_path):
+    # A sealed segment becomes an object without being written to disk a second time, and
+    # the object outlives the local file (the sealer deletes it after the upload).
+    source = tmp_path / "sealed.log"
+    source.write_bytes(b"batches" * 1000)
+    store = FileObjectStore(tmp_path / "objects")
+    asyncio.run(store.put_file("topics/t/0/segment.log", source))
+    target = tmp_path / "objects" / "topics" / "t" / "0" / "segment.log"
+    assert target.stat().st_ino == source.stat().st_ino
+    source.unlink()
+    assert asyncio.run(store.get("topics/t/0/segment.log")) == b"batches" * 1000
+    assert [o.key for o in asyncio.run(store.list("topics/t/0/"))] == ["topics/t/0/segment.log"]
+
+
 @pytest.mark.parametrize("size", [0, 1 * MiB + 7, 12 * MiB + 123])
 def test_put_file_streams_a_local_file(backend, tmp_path, size):
     kind, make = backend

@@ -39,7 +39,9 @@ class ObjectStore(Protocol):
         """Write a whole object; visible to readers only once complete."""
 
     async def put_file(self, key: str, path: Path) -> None:
-        """Write a local file as a whole object without holding all of it in memory."""
+        """Write a local file as a whole object without holding all of it in memory. The
+        file must not change afterwards: a store on the same file system may link it
+        rather than copy it."""
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         """Bytes [start, end) of an object (end None: to its end); ObjectNotFound if absent."""

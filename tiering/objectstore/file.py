@@ -66,7 +66,9 @@ class FileObjectStore:
         self.stats["bytes_out"] += len(data) if not isinstance(data, memoryview) else data.nbytes
 
     async def put_file(self, key: str, path: Path) -> None:
-        """Write a local file as a whole object, copied through a small buffer."""
+        """Write a local file as a whole object: hard-linked when it is on the same file
+        system (a sealed segment is then written to disk once, not twice), else copied
+        through a small buffer."""
         target = self._path(key)
         self.stats["put"] += 1
         size = await self._run(f"put {key}", _write_atomically, target, Path(path))
@@ -127,14 +129,17 @@ def _write_atomically(path: Path, data: bytes | bytearray | memoryview | Path) -
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), 0o644)
-            if isinstance(data, Path):
-                with open(data, "rb") as source:
-                    shutil.copyfileobj(source, f, _COPY_BUFFER)
+            if isinstance(data, Path) and _linked(data, tmp):
+                size = _fsync_file(tmp)  # the local file was never synced
             else:
-                f.write(data)
-            f.flush()
-            size = f.tell()
-            os.fsync(f.fileno())
+                if isinstance(data, Path):
+                    with open(data, "rb") as source:
+                        shutil.copyfileobj(source, f, _COPY_BUFFER)
+                else:
+                    f.write(data)
+                f.flush()
+                size = f.tell()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -144,6 +149,27 @@ def _write_atomically(path: Path, data: bytes | bytearray | memoryview | Path) -
         raise
     _fsync_directory(path.parent)
     return size
+
+
+def _linked(source: Path, tmp: str) -> bool:
+    """Put a hard link to `source` at `tmp` (replacing the empty temporary file); False when
+    the file systems differ or do not link, and the caller copies instead."""
+    try:
+        os.link(source, tmp + ".link")
+    except OSError:
+        return False
+    os.replace(tmp + ".link", tmp)
+    return True
+
+
+def _fsync_file(path: str) -> int:
+    """fsync a file by name; its size."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
 
 
 def _fsync_directory(directory: Path) -> None:
