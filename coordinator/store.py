@@ -413,13 +413,16 @@ class KVClusterStore:
         carrying `extra` too (e.g. the deletion mark)."""
         extra = list(extra)
         room = self.kv.max_txn_ops - len(extra)
+        base = request_bytes([], extra)
         batch: list[Op] = []
+        size = base  # the batch's request bytes, kept as it grows (thousands of partitions)
         for op in ops:
-            if batch and (len(batch) >= room
-                          or request_bytes([], batch + [op] + extra) > self._budget):
+            op_size = request_bytes([], [op])
+            if batch and (len(batch) >= room or size + op_size > self._budget):
                 await self.kv.txn([], batch + extra)
-                batch = []
+                batch, size = [], base
             batch.append(op)
+            size += op_size
         if batch:
             await self.kv.txn([], batch + extra)
 
