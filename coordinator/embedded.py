@@ -303,6 +303,15 @@ class EmbeddedKV:
             r.execute("COMMIT")
         return rev, out
 
+    async def fingerprint(self, prefixes: list[str]) -> tuple:
+        await self._expire()
+        out = []
+        for prefix in prefixes:
+            where, args = _bounds(prefix)
+            out.append(tuple(self._reader.execute(
+                f"SELECT coalesce(max(mod_rev), 0), count(*) FROM kv WHERE {where}", args).fetchone()))
+        return tuple(out)
+
     def local_revision(self) -> int | None:
         if self._closed:
             return None

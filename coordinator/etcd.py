@@ -252,6 +252,17 @@ class EtcdKV:
                for r in resp.responses for kv in r.response_range.kvs]
         return resp.header.revision, out
 
+    async def fingerprint(self, prefixes: list[str]) -> tuple:
+        # The newest key by mod revision, keys only; `count` is the whole range's, whatever
+        # the limit.
+        ops = [rpc.RequestOp(request_range=rpc.RangeRequest(
+            key=p.encode(), range_end=_range_end(p), limit=1, keys_only=True,
+            sort_order=rpc.RangeRequest.DESCEND, sort_target=rpc.RangeRequest.MOD))
+            for p in prefixes]
+        resp = await self._kv("Txn", rpc.TxnRequest(success=ops))
+        return tuple((r.response_range.kvs[0].mod_revision if r.response_range.kvs else 0,
+                      r.response_range.count) for r in resp.responses)
+
     def local_revision(self) -> int | None:
         return None
 

@@ -175,6 +175,12 @@ class KV(Protocol):
         """Current revision and the keys under several prefixes modified at or after
         min_mod_revision, all read at that one revision."""
 
+    async def fingerprint(self, prefixes: list[str]) -> tuple:
+        """Per prefix, (greatest mod revision, number of keys) under it: it changes whenever
+        anything under the prefix is put or deleted, and costs no values to read. Equal
+        fingerprints at two times mean equal contents (a key written in between would carry
+        a greater revision, so the later keys are a subset of the earlier ones)."""
+
     def local_revision(self) -> int | None:
         """The current revision if known without I/O (single-process backends), else None."""
 

@@ -357,6 +357,8 @@ class KVClusterStore:
         # decoded at: the controller and every gateway read all of them several times a
         # second, and with thousands of partitions decoding would be most of the work.
         self._decoded: dict[str, tuple[int, _Decoded]] = {}
+        # all_partition_states() as last read, with the fingerprint it was read under.
+        self._all_states: tuple[tuple, dict] | None = None
         self._sync_lock = asyncio.Lock()
         self._sync_wanted = 0
         self._sync_served = 0
@@ -687,8 +689,14 @@ class KVClusterStore:
         return {p: s for p, s in states.items() if p < count}
 
     async def all_partition_states(self) -> dict[uuid.UUID, dict[int, PartitionState]]:
-        """Partition states of every topic, read at one revision."""
-        _, kvs = await self.kv.snapshot([self._k("partitions/"), self._k("topics/")])
+        """Partition states of every topic, read at one revision. Unchanged since the last
+        call (a fingerprint of the keys says so), the same dict is returned: callers must
+        not change it."""
+        prefixes = [self._k("partitions/"), self._k("topics/")]
+        mark = await self.kv.fingerprint(prefixes)
+        if self._all_states is not None and self._all_states[0] == mark:
+            return self._all_states[1]
+        _, kvs = await self.kv.snapshot(prefixes)
         counts: dict[uuid.UUID, int] = {}
         states: dict[uuid.UUID, dict[int, PartitionState]] = {}
         decoded: dict[str, tuple[int, _Decoded]] = {}  # what is still there, for the next read
@@ -706,8 +714,10 @@ class KVClusterStore:
                 tid, p, st = item
                 states.setdefault(tid, {})[p] = st
         self._decoded = decoded
-        return {tid: {p: s for p, s in states.get(tid, {}).items() if p < n}
-                for tid, n in counts.items()}
+        # Read after the fingerprint: a change in between only makes the next call read again.
+        result = {tid: {p: s for p, s in states.get(tid, {}).items() if p < n} for tid, n in counts.items()}
+        self._all_states = (mark, result)
+        return result
 
     def _decode_metadata(self, key: str, value: bytes) -> _Decoded:
         """A topic's TopicInfo, a partition's (topic id, partition, state), or None."""

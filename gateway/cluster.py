@@ -103,6 +103,11 @@ class Membership:
     def lagging_of(self, node_id: int) -> frozenset[str]:
         return self._lagging_by_broker.get(node_id, frozenset())
 
+    def view(self) -> tuple:
+        """What the controller's decisions depend on in the membership: who is live and
+        what each one lags on."""
+        return tuple(sorted(self.live)), tuple(sorted(self._lagging_by_broker.items()))
+
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
@@ -204,6 +209,9 @@ class Controller:
         self.membership = membership
         self.on_change = on_change
         self.is_controller = False
+        # The inputs of the last pass that changed nothing: the same ones again would decide
+        # the same, and with thousands of partitions a pass is most of an idle gateway's work.
+        self._settled: tuple | None = None
 
     async def run_once(self) -> bool:
         """One pass; True if it changed any partition state."""
@@ -215,8 +223,11 @@ class Controller:
         live = sorted(self.membership.live)
         if not live:
             return False
+        states = await self.store.all_partition_states()  # the same dict while unchanged
+        view = self.membership.view()
+        if self._settled is not None and self._settled[0] is states and self._settled[1] == view:
+            return False
         topics = await self.store.topics()
-        states = await self.store.all_partition_states()
         changed = False
         leaders: dict[int, int] = {b: 0 for b in live}
         plans: list[Plan] = []
@@ -239,6 +250,7 @@ class Controller:
                          old.leader if old else None, new.leader, new.leader_epoch, list(new.isr))
             except (Fenced, ValueError) as e:
                 log.info("%s-%d changed under the controller: %s", info.name, p, e)
+        self._settled = None if changed else (states, view)
         if changed and self.on_change is not None:
             self.on_change()
         return changed

@@ -498,6 +498,34 @@ def _part_txns(txns: list[list]) -> int:
                                          and "/wal/" in o.key for o in ops))
 
 
+def test_fingerprint_changes_with_every_put_and_delete_under_a_prefix(backend):
+    async def go():
+        kv = backend.kv()
+        try:
+            a, b = f"{backend.ns}a/", f"{backend.ns}b/"
+            empty = await kv.fingerprint([a, b])
+            assert empty == ((0, 0), (0, 0))
+            await kv.put(a + "1", b"x")
+            one = await kv.fingerprint([a, b])
+            assert one[0][1] == 1 and one[1] == (0, 0)
+            await kv.put(b + "1", b"y")  # another prefix: a's part stays
+            assert (await kv.fingerprint([a, b]))[0] == one[0]
+            # Every change shows; a delete may bring back an earlier fingerprint, and then the
+            # contents are the earlier ones too (revisions only grow, so a key written since
+            # would have a greater one).
+            previous = one[0]
+            for change in (kv.put(a + "1", b"x"), kv.put(a + "2", b"z"), kv.delete(a + "2"),
+                           kv.delete(a + "1")):
+                await change
+                now = (await kv.fingerprint([a]))[0]
+                assert now != previous
+                previous = now
+            assert previous == (0, 0)
+        finally:
+            await kv.close()
+    run(go())
+
+
 def test_embedded_coordinator_commits_a_flush_of_many_partitions_in_one_transaction(tmp_path):
     # etcd's 128-operation bound does not apply to SQLite: a gateway leading thousands of
     # partitions pays one transaction per flush, not one per 127 partitions.
