@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from stratalog.infra.cli.common import CliError, print_table, s3_store_options, stderr_is_terminal
+from stratalog.infra.cli.common import CliError, non_negative_int, print_table, s3_store_options, stderr_is_terminal
 
 DEFAULT_DATA_DIR = "stratalog-data"
 
@@ -53,7 +53,7 @@ def add_parser(subparsers) -> None:
                                        "sidecars are parsed against their .log. Prints each damaged object "
                                        "and exits non-zero if any is found.")
     p.add_argument("topic", metavar="TOPIC")
-    p.add_argument("--partition", type=int, metavar="N", help="only partition N")
+    p.add_argument("--partition", type=non_negative_int, metavar="N", help="only partition N")
     _add_store_options(p)
     p.set_defaults(run=run_verify)
 
