@@ -25,7 +25,7 @@ from stratalog.tiering.txn import AbortedTxn, marker_batch
 
 from .cleanup import Cleaner
 from .errors import (CorruptLog, FencedLeaderEpoch, InvalidRecord, NotLeader, RecordTooLarge,
-                     UnknownLeaderEpoch, UnknownTopicOrPartition)
+                     StorageUnavailable, UnknownLeaderEpoch, UnknownTopicOrPartition)
 from .leadership import Assignment, Leadership
 from .partition import PartitionLog
 from .replica import ReplicaView
@@ -51,6 +51,7 @@ class EngineSettings:
     remote_cache_bytes: int = -1  # -1: 1 GiB for s3://, no cache for file://
     replica_lag_max_ms: int = 30_000
     producer_id_expiration_ms: int = 86_400_000
+    wal_fault_timeout_ms: int = 5_000
 
     @classmethod
     def from_config(cls, config) -> "EngineSettings":
@@ -58,7 +59,8 @@ class EngineSettings:
                    upload_slots=config["remote.log.manager.copier.thread.pool.size"],
                    remote_cache_bytes=config["remote.cache.bytes"],
                    replica_lag_max_ms=config["replica.lag.time.max.ms"],
-                   producer_id_expiration_ms=config["producer.id.expiration.ms"])
+                   producer_id_expiration_ms=config["producer.id.expiration.ms"],
+                   wal_fault_timeout_ms=config["wal.fault.timeout.ms"])
 
 
 @dataclass
@@ -119,7 +121,8 @@ class LogEngine:
         self._hw_event = asyncio.Event()
         self.wal = WalWriter(node_id, objects, store, flush_ms=_flush_ms(settings.wal_flush_ms, objects),
                              flush_bytes=settings.wal_flush_bytes, on_committed=self._wal_committed,
-                             on_fenced=self._fenced, metrics=metrics)
+                             on_fenced=self._fenced, metrics=metrics,
+                             fault_timeout_ms=settings.wal_fault_timeout_ms)
         self.sealer = Sealer(objects, store, topic_config=topic_config, now_ms=self.now_ms,
                              wait_for_data=self.wait_for_data, is_led=self._is_led,
                              upload_slots=settings.upload_slots)
@@ -144,12 +147,24 @@ class LogEngine:
         """At start, before the first flush: every uncommitted WAL object of ours is garbage."""
         await self.cleaner.collect_orphan_wal_objects()
 
-    async def stop(self) -> None:
-        """Flush what is pending, then stop every background task and close the logs."""
-        await self.wal.stop()
+    async def stop(self, flush_timeout_s: float = 30) -> None:
+        """Flush what is pending (for at most `flush_timeout_s`), then stop every background
+        task and close the logs."""
+        await self.wal.stop(flush_timeout_s)
         await self.sealer.stop()
         await self.cleaner.stop()
         await self.leadership.stop()
+
+    def work_in_progress(self) -> list[str]:
+        """What a stop now would cut short, one phrase each (for the shutdown log)."""
+        out = []
+        wal = self.wal.pending_summary()
+        if wal is not None:
+            out.append(wal + (f" (storage failed: {self.wal.fault})" if self.wal.fault else ""))
+        recovering = self.leadership.recovering()
+        if recovering:
+            out.append(f"{recovering} partition recoveries under way")
+        return out
 
     # ---- leadership --------------------------------------------------------------------
 
@@ -212,6 +227,7 @@ class LogEngine:
         offset and wait for their original commit.
         """
         plog = self.leader(topic, partition)
+        self._check_storage()
         batches = self._validate(topic, records)
         log_append = self.topic_config(topic, "message.timestamp.type") == "LogAppendTime"
         commit: Awaitable[None] | None = None
@@ -257,6 +273,7 @@ class LogEngine:
         is appended so far is committed; one from an epoch older than the producer's
         appends nothing."""
         plog = self.leader(topic, partition)
+        self._check_storage()
         known = plog.producers.producers.get(producer_id)
         if producer_id not in plog.txns.open or (known is not None and producer_epoch < known.epoch):
             return self._committed_past(plog, plog.next_offset - 1)
@@ -267,6 +284,15 @@ class LogEngine:
         commit_done = self.wal.add(plog, stored.base_offset, stored.last_offset, stored.max_timestamp, data)
         self.sealer.maybe_roll(plog)
         return commit_done
+
+    def storage_fault(self) -> str | None:
+        """Why the WAL cannot be written now (past the fault bound), or None."""
+        return self.wal.fault
+
+    def _check_storage(self) -> None:
+        # Refused before anything is appended: the client's retry can never duplicate it.
+        if self.wal.fault is not None:
+            raise StorageUnavailable(f"not appended, retry later: {self.wal.fault}")
 
     async def _committed_past(self, plog: PartitionLog, last_offset: int) -> None:
         """A retried batch's commit: done when the original is committed, failed when the

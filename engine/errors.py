@@ -43,3 +43,8 @@ class SwapRefused(EngineError):
 
 class CorruptLog(EngineError):
     """Committed data could not be read back intact; the partition is not served."""
+
+
+class StorageUnavailable(EngineError):
+    """The WAL cannot be written (no space, no permission, the store down) and has not for
+    longer than the fault bound: new batches are refused, never appended."""

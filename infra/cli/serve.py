@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -47,7 +48,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stratalog.gateway.app import GatewayOptions, StartupError, serve_forever
+    from stratalog.gateway.app import GatewayOptions, ShutdownAbandoned, StartupError, serve_forever
     from stratalog.gateway.config import BrokerConfig, ConfigError, load_settings
 
     from .common import s3_store_options
@@ -74,9 +75,23 @@ def run(args: argparse.Namespace) -> int:
     async def main() -> None:
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
+        signals = []
+
+        def stop() -> None:
+            signals.append(1)
+            if len(signals) == 1:
+                task.cancel()  # the stop is bounded by shutdown.timeout.ms
+            else:
+                _exit_now("stratalog: a second signal: exiting without finishing the stop")
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, task.cancel)
-        await serve_forever(options, ready=lambda line: print(line, flush=True))
+            loop.add_signal_handler(sig, stop)
+        try:
+            await serve_forever(options, ready=lambda line: print(line, flush=True))
+        except ShutdownAbandoned:
+            # Its log line says what was cut short. A thread blocked on a hung disk would
+            # keep the interpreter from exiting, so leave without waiting for it.
+            _exit_now(None)
 
     try:
         runner(main())
@@ -88,3 +103,12 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _exit_now(line: str | None) -> None:
+    if line:
+        logging.getLogger(__name__).error(line)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
