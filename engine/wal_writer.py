@@ -283,8 +283,9 @@ class WalWriter:
         self._closing = True
         self._wake.set()
         if self._task is not None:
-            try:
-                await asyncio.wait_for(self._task, timeout_s)
-            except asyncio.TimeoutError:
+            done, _ = await asyncio.wait({self._task}, timeout=timeout_s)
+            if not done:
                 log.error("WAL stop: abandoned after %.1fs: %s", timeout_s,
                           self.pending_summary() or "nothing pending")
+                self._task.cancel()
+                await asyncio.wait({self._task}, timeout=1.0)

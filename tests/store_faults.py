@@ -6,21 +6,25 @@ writes under that prefix fail as the file store fails on a full or read-only dis
 
 Run as a script (`python tests/store_faults.py FAULT_FILE serve ...`), it is
 `stratalog serve` whose object store is wrapped so: the fault is read from FAULT_FILE on
-each write ("ENOSPC wal/" fails WAL uploads with errno 28; no file, no fault), which lets a
-test fill and empty the "disk" of a gateway process from outside.
+each write ("ENOSPC wal/" fails WAL uploads with errno 28, "HANG wal/" blocks them in a
+thread as a hung disk does; no file, no fault), which lets a test fill, hang and empty the
+"disk" of a gateway process from outside.
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Callable
 
 from stratalog.tiering.objectstore.base import ObjectStore, ObjectStoreError
 
 Fault = tuple[int, str]  # (errno, key prefix)
+HANG = -1  # not an errno: the write blocks its thread for an hour
 
 
 class FailingWrites:
@@ -31,19 +35,22 @@ class FailingWrites:
         self.fault = fault
         self.failed = 0
 
-    def _check(self, key: str) -> None:
+    async def _check(self, key: str) -> None:
         got = self.fault()
         if got is not None and key.startswith(got[1]):
             self.failed += 1
+            if got[0] == HANG:
+                # A hung disk: the writing thread is stuck in the kernel, uncancellable.
+                await asyncio.to_thread(time.sleep, 3600)
             cause = OSError(got[0], os.strerror(got[0]))
             raise ObjectStoreError(f"put {key} failed: {cause}") from cause
 
     async def put(self, key: str, data) -> None:
-        self._check(key)
+        await self._check(key)
         await self.inner.put(key, data)
 
     async def put_file(self, key: str, path: Path) -> None:
-        self._check(key)
+        await self._check(key)
         await self.inner.put_file(key, path)
 
     def __getattr__(self, name: str):
@@ -58,7 +65,7 @@ def fault_from_file(path: Path) -> Callable[[], Fault | None]:
             name, _, prefix = path.read_text().strip().partition(" ")
         except FileNotFoundError:
             return None
-        return getattr(errno, name), prefix
+        return (HANG if name == "HANG" else getattr(errno, name)), prefix
 
     return read
 

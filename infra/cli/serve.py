@@ -8,7 +8,11 @@ import logging
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
+
+
+EXIT_GRACE_S = 5.0  # after shutdown.timeout.ms, for the interpreter's own exit
 
 
 def _setting(value: str) -> tuple[str, str]:
@@ -57,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         settings = load_settings(args.config, flags=dict(args.settings))
-        BrokerConfig(settings)  # fail here, in one line, on a bad value
+        shutdown_s = BrokerConfig(settings)["shutdown.timeout.ms"] / 1000  # a bad value fails here, in one line
     except ConfigError as e:
         print(f"stratalog: error: {e}", file=sys.stderr)
         return 2
@@ -81,6 +85,13 @@ def run(args: argparse.Namespace) -> int:
             signals.append(1)
             if len(signals) == 1:
                 task.cancel()  # the stop is bounded by shutdown.timeout.ms
+                # Past the bound, even a thread blocked in the kernel (a hung disk), which
+                # the interpreter would wait for at exit, does not keep the process alive.
+                watchdog = threading.Timer(shutdown_s + EXIT_GRACE_S, _exit_now, args=(
+                    f"stratalog: still running {shutdown_s + EXIT_GRACE_S:.0f}s after the signal "
+                    "(a thread blocked on the disk or the network): exiting",))
+                watchdog.daemon = True
+                watchdog.start()
             else:
                 _exit_now("stratalog: a second signal: exiting without finishing the stop")
 
