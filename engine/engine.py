@@ -147,13 +147,14 @@ class LogEngine:
         """At start, before the first flush: every uncommitted WAL object of ours is garbage."""
         await self.cleaner.collect_orphan_wal_objects()
 
-    async def stop(self, flush_timeout_s: float = 30) -> None:
+    async def stop(self, flush_timeout_s: float = 30) -> str | None:
         """Flush what is pending (for at most `flush_timeout_s`), then stop every background
-        task and close the logs."""
+        task and close the logs. Returns what the flush left uncommitted (None: nothing)."""
         await self.wal.stop(flush_timeout_s)
         await self.sealer.stop()
         await self.cleaner.stop()
         await self.leadership.stop()
+        return self.wal.abandoned
 
     def work_in_progress(self) -> list[str]:
         """What a stop now would cut short, one phrase each (for the shutdown log)."""
@@ -239,7 +240,7 @@ class LogEngine:
                     base = original.base_offset
                 commit = self._committed_past(plog, original.last_offset)
                 continue
-            data, stored = plog.append(view, h, now_ms=now_ms, log_append_time=log_append)
+            data, stored = _local_write(lambda: plog.append(view, h, now_ms=now_ms, log_append_time=log_append))
             if base < 0:
                 base = stored.base_offset
             commit = self.wal.add(plog, stored.base_offset, stored.last_offset, stored.max_timestamp, data)
@@ -280,7 +281,8 @@ class LogEngine:
         batch = marker_batch(producer_id, producer_epoch, commit=commit,
                              coordinator_epoch=coordinator_epoch, timestamp_ms=self.now_ms())
         h = BatchHeader.parse(batch, 0)
-        data, stored = plog.append(memoryview(batch), h, now_ms=self.now_ms(), log_append_time=False)
+        data, stored = _local_write(lambda: plog.append(memoryview(batch), h, now_ms=self.now_ms(),
+                                                         log_append_time=False))
         commit_done = self.wal.add(plog, stored.base_offset, stored.last_offset, stored.max_timestamp, data)
         self.sealer.maybe_roll(plog)
         return commit_done
@@ -419,6 +421,16 @@ class LogEngine:
         for plog in self.logs.values():
             plog.producers.expire(now_ms, self.settings.producer_id_expiration_ms, keep=plog.txns.open)
             plog.txns.forget_before(plog.log_start_offset)
+
+
+def _local_write(append):
+    """A local segment write that fails (the data directory's disk full or read-only)
+    appends nothing: the segment writes at its own size, so a partial write is overwritten
+    by the next one. The producer may retry."""
+    try:
+        return append()
+    except OSError as e:
+        raise StorageUnavailable(f"not appended, retry later: local segment write failed: {e}") from e
 
 
 @contextlib.contextmanager

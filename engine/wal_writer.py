@@ -109,6 +109,7 @@ class WalWriter:
         self._flushing: _Pending | None = None  # the object being uploaded/committed
         self._failing_since: float | None = None  # first failure of the flush under way
         self.fault: str | None = None  # why the WAL is failed, once past fault_timeout_ms
+        self.abandoned: str | None = None  # what a stop past its timeout left uncommitted
 
     async def start(self) -> None:
         """Continue the sequence after every WAL object this gateway id ever wrote,
@@ -285,7 +286,7 @@ class WalWriter:
         if self._task is not None:
             done, _ = await asyncio.wait({self._task}, timeout=timeout_s)
             if not done:
-                log.error("WAL stop: abandoned after %.1fs: %s", timeout_s,
-                          self.pending_summary() or "nothing pending")
+                self.abandoned = self.pending_summary() or "a flush under way"
+                log.error("WAL stop: abandoned after %.1fs: %s", timeout_s, self.abandoned)
                 self._task.cancel()
                 await asyncio.wait({self._task}, timeout=1.0)

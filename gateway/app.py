@@ -184,17 +184,20 @@ class Gateway:
             return False, f"storage failed, produce refused: {fault}"
         return True, "serving"
 
-    async def stop(self, flush_timeout_s: float = 30) -> None:
+    async def stop(self, flush_timeout_s: float = 30) -> str | None:
         """Stop accepting, close connections (their requests in flight fail, and clients
-        retry), flush the WAL for at most `flush_timeout_s`, then stop everything."""
+        retry), flush the WAL for at most `flush_timeout_s`, then stop everything. Returns
+        what the flush left uncommitted (None: nothing)."""
+        abandoned = None
         if self.http is not None:
             await self.http.stop()
         for server in self.servers:
             await server.stop()
         if self.broker is not None:
-            await self.broker.stop(flush_timeout_s)
+            abandoned = await self.broker.stop(flush_timeout_s)
         if self._store is not None:
             await self._store.close()
+        return abandoned
 
     def work_in_progress(self) -> list[str]:
         """What a stop now would cut short, one phrase each."""
@@ -205,7 +208,7 @@ class Gateway:
             out += self.broker.work_in_progress()
         busy = sum(server.requests_in_flight() for server in self.servers)
         if busy:
-            out.append(f"{busy} client requests in flight")
+            out.append(f"{busy} client request(s) in flight")
         return out
 
     async def shutdown(self) -> None:
@@ -222,10 +225,12 @@ class Gateway:
         if stop in done:
             if stop.exception() is not None:
                 log.error("shutdown: a stop step failed", exc_info=stop.exception())
+            elif stop.result() is not None:
+                raise ShutdownAbandoned(f"the WAL flush: {stop.result()}")
             return
         left = self.work_in_progress() or ["a stop step that did not end"]
-        message = f"abandoned after {bound:.1f}s (shutdown.timeout.ms): {'; '.join(left)}"
-        log.error("shutdown: %s", message)
+        message = f"after {bound:.1f}s (shutdown.timeout.ms): {'; '.join(left)}"
+        log.error("shutdown: abandoned %s", message)
         stop.cancel()
         await asyncio.wait({stop}, timeout=1.0)
         raise ShutdownAbandoned(message)

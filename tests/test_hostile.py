@@ -117,6 +117,37 @@ def test_a_full_disk_refuses_new_batches_and_keeps_every_appended_one(tmp_path):
     run(Backends("embedded+file", tmp_path), body)
 
 
+@pytest.mark.unit
+def test_a_full_data_directory_refuses_the_batch_and_appends_the_next(tmp_path, monkeypatch):
+    """The local active segment cannot be written (ENOSPC on the data directory): the batch
+    is refused with KAFKA_STORAGE_ERROR and nothing of it is appended; once there is room,
+    the next batch takes its offset."""
+    import stratalog.tiering.segment as segment
+
+    async def body(h):
+        await h.create_topic("local", 1)
+        engine = await h.start_engine()
+        await h.lead(engine)
+        await committed(engine.append("local", 0, batch(1, ts=h.clock.ms, tag="a"), now_ms=h.clock.ms))
+        written = segment.os.pwrite
+
+        def full(fd, data, position):
+            written(fd, bytes(data)[:3], position)  # a partial write, then no room
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(segment.os, "pwrite", full)
+        with pytest.raises(StorageUnavailable) as refused:
+            engine.append("local", 0, batch(1, ts=h.clock.ms, tag="b"), now_ms=h.clock.ms)
+        assert error_code(refused.value) == ErrorCode.KAFKA_STORAGE_ERROR
+        monkeypatch.setattr(segment.os, "pwrite", written)
+        result = engine.append("local", 0, batch(1, ts=h.clock.ms, tag="c"), now_ms=h.clock.ms)
+        assert result.base_offset == 1
+        await committed(result)
+        assert [r[3][:3] for r in records_of(await read_all(engine, "local", 0))] == [b"a-v", b"c-v"]
+
+    run(Backends("embedded+file", tmp_path), body)
+
+
 # ---- many partitions at once ----------------------------------------------------------
 
 @pytest.mark.unit
@@ -214,6 +245,7 @@ def test_sigterm_while_the_store_fails_ends_within_the_bound_and_loses_nothing_a
     gw.proc.send_signal(signal.SIGTERM)
     gw.proc.wait(60)  # generous: the bound is 3 s
     assert time.monotonic() - began < 30
+    assert gw.proc.returncode == 1, "a stop that abandons something says so in its status"
     text = gw.log_path.read_text()
     assert "abandoned after" in text and "not committed" in text, text[-3000:]
 
@@ -238,6 +270,7 @@ def test_sigterm_with_a_hung_disk_ends_within_the_bound(faulty_gateway):
     gw.proc.send_signal(signal.SIGTERM)
     gw.proc.wait(60)  # generous: the bound is 2 s, plus 5 s for the interpreter's exit
     assert time.monotonic() - began < 30
+    assert gw.proc.returncode == 1
     text = gw.log_path.read_text()
     assert "abandoned after" in text, text[-3000:]
     producer.flush(10)

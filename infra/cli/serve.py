@@ -99,10 +99,10 @@ def run(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop)
         try:
             await serve_forever(options, ready=lambda line: print(line, flush=True))
-        except ShutdownAbandoned:
-            # Its log line says what was cut short. A thread blocked on a hung disk would
-            # keep the interpreter from exiting, so leave without waiting for it.
-            _exit_now(None)
+        except ShutdownAbandoned as e:
+            # A thread blocked on a hung disk would keep the interpreter from exiting, so
+            # leave without waiting for it.
+            _exit_now(f"stratalog: stopped without finishing: abandoned {e}")
 
     try:
         runner(main())
@@ -116,9 +116,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _exit_now(line: str | None) -> None:
-    if line:
-        logging.getLogger(__name__).error(line)
+def _exit_now(line: str) -> None:
+    logging.getLogger(__name__).error(line)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
