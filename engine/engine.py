@@ -25,7 +25,8 @@ from stratalog.tiering.txn import AbortedTxn, marker_batch
 
 from .cleanup import Cleaner
 from .errors import (CorruptLog, CorruptRead, FencedLeaderEpoch, InvalidRecord, NotLeader,
-                     PartitionOffline, RecordTooLarge, UnknownLeaderEpoch, UnknownTopicOrPartition)
+                     PartitionOffline, RecordTooLarge, StorageUnavailable, UnknownLeaderEpoch,
+                     UnknownTopicOrPartition)
 from .leadership import Assignment, Leadership
 from .offline import Repaired, repair
 from .partition import PartitionLog
@@ -53,6 +54,7 @@ class EngineSettings:
     remote_cache_bytes: int = -1  # -1: 1 GiB for s3://, no cache for file://
     replica_lag_max_ms: int = 30_000
     producer_id_expiration_ms: int = 86_400_000
+    wal_fault_timeout_ms: int = 5_000
 
     @classmethod
     def from_config(cls, config) -> "EngineSettings":
@@ -60,7 +62,8 @@ class EngineSettings:
                    upload_slots=config["remote.log.manager.copier.thread.pool.size"],
                    remote_cache_bytes=config["remote.cache.bytes"],
                    replica_lag_max_ms=config["replica.lag.time.max.ms"],
-                   producer_id_expiration_ms=config["producer.id.expiration.ms"])
+                   producer_id_expiration_ms=config["producer.id.expiration.ms"],
+                   wal_fault_timeout_ms=config["wal.fault.timeout.ms"])
 
 
 @dataclass
@@ -129,7 +132,8 @@ class LogEngine:
         self._hw_event = asyncio.Event()
         self.wal = WalWriter(node_id, objects, store, flush_ms=_flush_ms(settings.wal_flush_ms, objects),
                              flush_bytes=settings.wal_flush_bytes, on_committed=self._wal_committed,
-                             on_fenced=self._fenced, metrics=metrics)
+                             on_fenced=self._fenced, metrics=metrics,
+                             fault_timeout_ms=settings.wal_fault_timeout_ms)
         self.sealer = Sealer(objects, store, topic_config=topic_config, now_ms=self.now_ms,
                              wait_for_data=self.wait_for_data, is_led=self._is_led,
                              upload_slots=settings.upload_slots)
@@ -154,12 +158,25 @@ class LogEngine:
         """At start, before the first flush: every uncommitted WAL object of ours is garbage."""
         await self.cleaner.collect_orphan_wal_objects()
 
-    async def stop(self) -> None:
-        """Flush what is pending, then stop every background task and close the logs."""
-        await self.wal.stop()
+    async def stop(self, flush_timeout_s: float = 30) -> str | None:
+        """Flush what is pending (for at most `flush_timeout_s`), then stop every background
+        task and close the logs. Returns what the flush left uncommitted (None: nothing)."""
+        await self.wal.stop(flush_timeout_s)
         await self.sealer.stop()
         await self.cleaner.stop()
         await self.leadership.stop()
+        return self.wal.abandoned
+
+    def work_in_progress(self) -> list[str]:
+        """What a stop now would cut short, one phrase each (for the shutdown log)."""
+        out = []
+        wal = self.wal.pending_summary()
+        if wal is not None:
+            out.append(wal + (f" (storage failed: {self.wal.fault})" if self.wal.fault else ""))
+        recovering = self.leadership.recovering()
+        if recovering:
+            out.append(f"{recovering} partition recoveries under way")
+        return out
 
     # ---- leadership --------------------------------------------------------------------
 
@@ -240,6 +257,7 @@ class LogEngine:
         offset and wait for their original commit.
         """
         plog = self.leader(topic, partition)
+        self._check_storage()
         batches = self._validate(topic, records)
         log_append = self.topic_config(topic, "message.timestamp.type") == "LogAppendTime"
         commit: Awaitable[None] | None = None
@@ -254,7 +272,7 @@ class LogEngine:
                     base = original.base_offset
                 commit = self._committed_past(plog, original.last_offset)
                 continue
-            data, stored = plog.append(view, h, now_ms=now_ms, log_append_time=log_append)
+            data, stored = _local_write(lambda: plog.append(view, h, now_ms=now_ms, log_append_time=log_append))
             if base < 0:
                 base = stored.base_offset
             commit = self.wal.add(plog, stored.base_offset, stored.last_offset, stored.max_timestamp, data)
@@ -287,16 +305,27 @@ class LogEngine:
         is appended so far is committed; one from an epoch older than the producer's
         appends nothing."""
         plog = self.leader(topic, partition)
+        self._check_storage()
         known = plog.producers.producers.get(producer_id)
         if producer_id not in plog.txns.open or (known is not None and producer_epoch < known.epoch):
             return self._committed_past(plog, plog.next_offset - 1)
         batch = marker_batch(producer_id, producer_epoch, commit=commit,
                              coordinator_epoch=coordinator_epoch, timestamp_ms=self.now_ms())
         h = BatchHeader.parse(batch, 0)
-        data, stored = plog.append(memoryview(batch), h, now_ms=self.now_ms(), log_append_time=False)
+        data, stored = _local_write(lambda: plog.append(memoryview(batch), h, now_ms=self.now_ms(),
+                                                         log_append_time=False))
         commit_done = self.wal.add(plog, stored.base_offset, stored.last_offset, stored.max_timestamp, data)
         self.sealer.maybe_roll(plog)
         return commit_done
+
+    def storage_fault(self) -> str | None:
+        """Why the WAL cannot be written now (past the fault bound), or None."""
+        return self.wal.fault
+
+    def _check_storage(self) -> None:
+        # Refused before anything is appended: the client's retry can never duplicate it.
+        if self.wal.fault is not None:
+            raise StorageUnavailable(f"not appended, retry later: {self.wal.fault}")
 
     async def _committed_past(self, plog: PartitionLog, last_offset: int) -> None:
         """A retried batch's commit: done when the original is committed, failed when the
@@ -445,6 +474,17 @@ class LogEngine:
         for plog in self.logs.values():
             plog.producers.expire(now_ms, self.settings.producer_id_expiration_ms, keep=plog.txns.open)
             plog.txns.forget_before(plog.log_start_offset)
+
+
+def _local_write(append):
+    """A local segment write that fails (the data directory's disk full or read-only)
+    appends nothing: the segment writes the runs of batches it holds before taking a new
+    one, from its own size, so a failed write is done again by the next. The producer may
+    retry."""
+    try:
+        return append()
+    except OSError as e:
+        raise StorageUnavailable(f"not appended, retry later: local segment write failed: {e}") from e
 
 
 __all__ = ["AppendResult", "Assignment", "CorruptLog", "CorruptRead", "EngineSettings", "LogEngine",

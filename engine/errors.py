@@ -59,3 +59,8 @@ class CorruptRead(CorruptLog):
     """A range read from the object store failed its CRC-32C or framing checks: that read is
     refused (answered CORRUPT_MESSAGE, which clients hand to the application) and nothing
     of it is served or kept in the cache; the rest of the partition stays readable."""
+
+
+class StorageUnavailable(EngineError):
+    """The WAL cannot be written (no space, no permission, the store down) and has not for
+    longer than the fault bound: new batches are refused, never appended."""

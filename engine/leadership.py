@@ -44,6 +44,12 @@ class Assignment:
     epoch: int = -1
 
 
+# Recoveries run at once at most this many: a creation of thousands of partitions makes
+# thousands of them, and each does some file work on the event loop between its awaits;
+# all of them in one turn of the loop would hold it for seconds.
+RECOVERIES_AT_ONCE = 16
+
+
 class Leadership:
     """The led partitions (`logs`) and the replicated ones (`replicas`) of one gateway."""
 
@@ -68,6 +74,7 @@ class Leadership:
         # Partitions found damaged here, with the assignment and the reason: not retried
         # while the controller's decision stands (it soon says offline, with no leader).
         self.offline: dict[Key, tuple[Assignment, str]] = {}
+        self._recovery_slots = asyncio.Semaphore(RECOVERIES_AT_ONCE)
 
     async def stop(self) -> None:
         for t in list(self._becoming.values()):
@@ -75,6 +82,10 @@ class Leadership:
         await asyncio.gather(*self._becoming.values(), return_exceptions=True)
         for plog in self.logs.values():
             plog.close()
+
+    def recovering(self) -> int:
+        """How many partitions are being recovered (leadership taken, not yet served)."""
+        return sum(not t.done() for t in self._becoming.values())
 
     def take(self, leading: list[Assignment]) -> list[asyncio.Task]:
         """Lead exactly these partitions at these epochs; returns the recoveries under way."""
@@ -117,11 +128,15 @@ class Leadership:
             delay = 0.1
             while True:
                 try:
-                    plog = await PartitionLog.recover(
-                        a.topic, a.topic_id, a.partition, a.epoch,
-                        self.logs_dir / f"{a.topic}-{a.partition}", self.store, self.objects,
-                        index_interval_bytes=self.topic_config(a.topic, "index.interval.bytes"),
-                        now_ms=self.now_ms())
+                    async with self._recovery_slots:
+                        plog = await PartitionLog.recover(
+                            a.topic, a.topic_id, a.partition, a.epoch,
+                            self.logs_dir / f"{a.topic}-{a.partition}", self.store, self.objects,
+                            index_interval_bytes=self.topic_config(a.topic, "index.interval.bytes"),
+                            now_ms=self.now_ms())
+                        # Hold the slot over one turn of the loop: on a local store a
+                        # recovery may never suspend, and the slots then bound nothing.
+                        await asyncio.sleep(0)
                     break
                 except asyncio.CancelledError:
                     raise

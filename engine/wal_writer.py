@@ -10,6 +10,16 @@ batches as one WAL object and commits its per-partition ranges to the coordinato
 fenced commit; only then does each partition's high watermark move and do `acks=all`
 producers get their answer. Flushes run one at a time, in order, so a partition's
 committed ranges never leave a hole.
+
+A flush that fails (no space, no permission, the store or the coordinator down) is retried
+until it works: its batches are in partitions' local segments with offsets assigned, and
+acks=1 producers were answered, so dropping them would lose acknowledged data. Once it has
+failed for `fault_timeout_ms`, the writer is *failed* (`fault` says why): the engine
+refuses new batches (never appended, so a client's retry cannot duplicate them), and the
+acks=all producers waiting for batches already appended are told `WalCommitDelayed` (the
+batches may still be committed once the store is back, so the answer must be a timeout,
+which an idempotent producer's retry and sequence check cover). The first flush that
+succeeds ends the fault.
 """
 
 from __future__ import annotations
@@ -34,6 +44,11 @@ class WalCommitFailed(Exception):
     """The batches were not committed (leadership lost); the producer must retry elsewhere."""
 
 
+class WalCommitDelayed(Exception):
+    """The WAL has been failing too long to wait for these batches; they are not committed
+    yet and may still be (the store may come back), so the producer sees a timeout."""
+
+
 @dataclass
 class _Pending:
     """One future WAL object: its batches, and a future per partition that resolves when
@@ -54,13 +69,25 @@ class _Pending:
         for key in list(self.done):
             self.fail(key, exc)
 
+    def stop_waiting(self, exc: Exception) -> int:
+        """Fail the waits but keep the batches: they are still flushed (and `add` gives
+        later batches a new future). Returns how many waits were failed."""
+        failed = 0
+        for fut in self.done.values():
+            if not fut.done():
+                fut.set_exception(exc)
+                fut.exception()
+                failed += 1
+        return failed
+
 
 class WalWriter:
     def __init__(self, gateway_id: int, objects: ObjectStore, store: ClusterStore, *,
                  flush_ms: int, flush_bytes: int,
                  on_committed: Callable[[dict, list[WalRange]], None],
                  on_fenced: Callable[[list[tuple[uuid.UUID, int]]], None],
-                 clock: Callable[[], float] = time.monotonic, metrics=None):
+                 clock: Callable[[], float] = time.monotonic, metrics=None,
+                 fault_timeout_ms: int = 5000):
         self.gateway_id = gateway_id
         self.objects = objects
         self.store = store
@@ -78,6 +105,11 @@ class WalWriter:
         self.last_flush_seconds = 0.0
         self.last_commit_seconds = 0.0
         self.metrics = metrics
+        self.fault_timeout_ms = fault_timeout_ms
+        self._flushing: _Pending | None = None  # the object being uploaded/committed
+        self._failing_since: float | None = None  # first failure of the flush under way
+        self.fault: str | None = None  # why the WAL is failed, once past fault_timeout_ms
+        self.abandoned: str | None = None  # what a stop past its timeout left uncommitted
 
     async def start(self) -> None:
         """Continue the sequence after every WAL object this gateway id ever wrote,
@@ -101,7 +133,7 @@ class WalWriter:
         p.epochs[plog.key] = plog.leader_epoch
         p.logs[plog.key] = plog
         fut = p.done.get(plog.key)
-        if fut is None:
+        if fut is None or fut.done():  # done: its waiters were told WalCommitDelayed
             fut = p.done[plog.key] = asyncio.get_running_loop().create_future()
         if p.builder.size >= self.flush_bytes:
             self._wake.set()
@@ -154,6 +186,7 @@ class WalWriter:
                        for i in infos)
         obj = WalObject(self.gateway_id, seq, key, ranges, WAL_FORMAT_VERSION)
         self.inflight = seq
+        self._flushing = p
         try:
             await self._retry("upload", lambda: self.objects.put(key, data))
             put_done = self.clock()
@@ -175,6 +208,8 @@ class WalWriter:
             return
         finally:
             self.inflight = None
+            self._flushing = None
+        self._recovered()
         self.last_commit_seconds = self.clock() - put_done
         self.last_flush_seconds = self.clock() - started
         if self.metrics is not None:
@@ -200,18 +235,58 @@ class WalWriter:
             except Fenced:
                 raise
             except Exception as e:  # noqa: BLE001 - any store/coordinator failure is retried
-                if self._closing and self._task is None:
-                    raise
-                log.warning("WAL %s failed, retrying in %.2fs: %s", what, delay, e)
-                await asyncio.sleep(delay * (0.5 + random.random()))
+                now = self.clock()
+                if self._failing_since is None:
+                    self._failing_since = now
+                if self.metrics is not None:
+                    self.metrics.wal_failures.labels(what).inc()
+                failing_for = now - self._failing_since
+                if self.fault is None and failing_for >= self.fault_timeout_ms / 1000:
+                    self._declare_fault(f"WAL {what} failing for {failing_for:.1f}s: {e}")
+                elif self.fault is not None:
+                    self.fault = f"WAL {what} failing for {failing_for:.1f}s: {e}"
+                # Sleep no later than the fault's deadline, so waiting producers hear of it then.
+                pause = delay * (0.5 + random.random())
+                if self.fault is None:
+                    pause = min(pause, max(0.01, self._failing_since + self.fault_timeout_ms / 1000 - now))
+                log.warning("WAL %s failed, retrying in %.2fs: %s", what, pause, e)
+                await asyncio.sleep(pause)
                 delay = min(delay * 2, 2.0)
 
-    async def stop(self) -> None:
-        """Flush what is pending, then stop."""
+    def _declare_fault(self, reason: str) -> None:
+        self.fault = reason
+        exc = WalCommitDelayed(f"the batch is not committed yet and may still be: {reason}")
+        waits = sum(p.stop_waiting(exc) for p in (self._flushing, self._pending) if p is not None)
+        log.error("storage failed: %s; refusing produce with KAFKA_STORAGE_ERROR until a flush "
+                  "succeeds (%d waiting producers told to retry; their batches are kept)", reason, waits)
+
+    def _recovered(self) -> None:
+        if self._failing_since is not None:
+            if self.fault is not None:
+                log.warning("storage back: WAL flushes succeed again after %.1fs",
+                            self.clock() - self._failing_since)
+            self._failing_since = None
+            self.fault = None
+
+    def pending_summary(self) -> str | None:
+        """What a stop now would leave uncommitted, for the shutdown log (None: nothing)."""
+        parts = [p for p in (self._flushing, self._pending) if p is not None and not p.builder.empty]
+        if not parts:
+            return None
+        partitions = {k for p in parts for k in p.epochs}
+        size = sum(p.builder.size for p in parts)
+        return f"{size} bytes of WAL batches of {len(partitions)} partition(s) not committed"
+
+    async def stop(self, timeout_s: float = 30) -> None:
+        """Flush what is pending, then stop; past `timeout_s` (a store still failing) the
+        flush is abandoned: its batches stay uncommitted, so only acks=1 producers (answered
+        before the commit) can lose them, as in a crash."""
         self._closing = True
         self._wake.set()
         if self._task is not None:
-            try:
-                await asyncio.wait_for(self._task, 30)
-            except asyncio.TimeoutError:
+            done, _ = await asyncio.wait({self._task}, timeout=timeout_s)
+            if not done:
+                self.abandoned = self.pending_summary() or "a flush under way"
+                log.error("WAL stop: abandoned after %.1fs: %s", timeout_s, self.abandoned)
                 self._task.cancel()
+                await asyncio.wait({self._task}, timeout=1.0)

@@ -30,6 +30,11 @@ class StartupError(Exception):
     """The gateway cannot start; the message says why in one line."""
 
 
+class ShutdownAbandoned(Exception):
+    """The stop did not finish within shutdown.timeout.ms; the message says what was cut
+    short. Threads may still be blocked (a hung disk), so the process should exit at once."""
+
+
 def parse_host_port(value: str, what: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -174,6 +179,9 @@ class Gateway:
     def readiness(self) -> tuple[bool, str]:
         if self.broker is None or not self.broker.started:
             return False, "starting"
+        fault = self.broker.engine.storage_fault()
+        if fault is not None:
+            return False, f"storage failed, produce refused: {fault}"
         offline = self.broker.offline_partitions()
         if offline:
             # Still ready: every other partition is served, and a load balancer that took
@@ -182,15 +190,56 @@ class Gateway:
                 f"{t}-{p}" for t, p, _ in offline)
         return True, "serving"
 
-    async def stop(self) -> None:
+    async def stop(self, flush_timeout_s: float = 30) -> str | None:
+        """Stop accepting, close connections (their requests in flight fail, and clients
+        retry), flush the WAL for at most `flush_timeout_s`, then stop everything. Returns
+        what the flush left uncommitted (None: nothing)."""
+        abandoned = None
         if self.http is not None:
             await self.http.stop()
         for server in self.servers:
             await server.stop()
         if self.broker is not None:
-            await self.broker.stop()
+            abandoned = await self.broker.stop(flush_timeout_s)
         if self._store is not None:
             await self._store.close()
+        return abandoned
+
+    def work_in_progress(self) -> list[str]:
+        """What a stop now would cut short, one phrase each."""
+        out = []
+        if self.broker is not None:
+            if not self.broker.started:
+                out.append("the start (recovering led partitions)")
+            out += self.broker.work_in_progress()
+        busy = sum(server.requests_in_flight() for server in self.servers)
+        if busy:
+            out.append(f"{busy} client request(s) in flight")
+        return out
+
+    async def shutdown(self) -> None:
+        """`stop`, bounded by shutdown.timeout.ms: past it, log what was abandoned and raise
+        ShutdownAbandoned. Nothing acknowledged to acks=all producers is lost by that: it was
+        committed before its answer."""
+        bound = self.config["shutdown.timeout.ms"] / 1000
+        at_signal = self.work_in_progress()
+        if at_signal:
+            log.warning("shutdown: stopping (at most %.1fs) while busy with: %s", bound, "; ".join(at_signal))
+        # The WAL gets most of the bound, the rest stops what follows it.
+        stop = asyncio.ensure_future(self.stop(flush_timeout_s=bound * 0.8))
+        done, _ = await asyncio.wait({stop}, timeout=bound)
+        if stop in done:
+            if stop.exception() is not None:
+                log.error("shutdown: a stop step failed", exc_info=stop.exception())
+            elif stop.result() is not None:
+                raise ShutdownAbandoned(f"the WAL flush: {stop.result()}")
+            return
+        left = self.work_in_progress() or ["a stop step that did not end"]
+        message = f"after {bound:.1f}s (shutdown.timeout.ms): {'; '.join(left)}"
+        log.error("shutdown: abandoned %s", message)
+        stop.cancel()
+        await asyncio.wait({stop}, timeout=1.0)
+        raise ShutdownAbandoned(message)
 
     def banner(self) -> str:
         a = self.broker.address
@@ -203,11 +252,12 @@ class Gateway:
 
 
 async def serve_forever(options: GatewayOptions, ready=print) -> None:
-    """Run until cancelled (SIGINT/SIGTERM), then flush and stop."""
+    """Run until cancelled (SIGINT/SIGTERM), then flush and stop within
+    shutdown.timeout.ms (ShutdownAbandoned past it)."""
     gw = Gateway(options)
     try:
         await gw.start()
         ready(gw.banner())
         await asyncio.Event().wait()
     finally:
-        await gw.stop()
+        await gw.shutdown()

@@ -135,17 +135,23 @@ class Broker:
     async def _starting(self, what: str, step):
         return await start_step(what, step)
 
-    async def stop(self) -> None:
+    async def stop(self, flush_timeout_s: float = 30) -> str | None:
+        """Stop; returns what the WAL flush left uncommitted (None: nothing)."""
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.markers.stop()
-        await self.engine.stop()
+        abandoned = await self.engine.stop(flush_timeout_s)
         await self.groups.stop()
         if self.authorizer is not None:
             await self.authorizer.stop()
         await self.membership.stop()
         await self.objects.close()
+        return abandoned
+
+    def work_in_progress(self) -> list[str]:
+        """What a stop now would cut short: engine work and topic creations."""
+        return self.engine.work_in_progress() + self.admin.work_in_progress()
 
     # ---- keeping in step with the controller -------------------------------------------
 

@@ -16,7 +16,7 @@ from stratalog.tiering.batch import CorruptBatch, UnsupportedMagic
 
 from stratalog.engine import errors as engine
 from stratalog.engine.producers import InvalidProducerEpoch, OutOfOrderSequence
-from stratalog.engine.wal_writer import WalCommitFailed
+from stratalog.engine.wal_writer import WalCommitDelayed, WalCommitFailed
 
 from .config import ConfigError
 from .protocol.error_codes import ErrorCode
@@ -43,6 +43,10 @@ _BY_TYPE: list[tuple[type, ErrorCode]] = [
     (InvalidProducerEpoch, ErrorCode.INVALID_PRODUCER_EPOCH),
     (Fenced, ErrorCode.NOT_LEADER_OR_FOLLOWER),
     (WalCommitFailed, ErrorCode.NOT_LEADER_OR_FOLLOWER),
+    # May still be committed: only a timeout tells the producer its retry could duplicate
+    # (an idempotent producer's sequence check makes that retry safe).
+    (WalCommitDelayed, ErrorCode.REQUEST_TIMED_OUT),
+    (engine.StorageUnavailable, ErrorCode.KAFKA_STORAGE_ERROR),
     (TopicExists, ErrorCode.TOPIC_ALREADY_EXISTS),
     (UnknownTopic, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
     (ConfigError, ErrorCode.INVALID_CONFIG),

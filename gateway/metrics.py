@@ -28,6 +28,8 @@ class GatewayMetrics:
                                    buckets=LATENCY_BUCKETS, registry=self.registry)
         self.wal_commit = Histogram("stratalog_wal_commit_seconds", "Coordinator commit of a WAL object",
                                     buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.wal_failures = Counter("stratalog_wal_flush_failures", "Failed WAL uploads and commits (each retried)",
+                                    ["step"], registry=self.registry)
         self.broker = None
         self.connection_limits = None  # the gateway's ConnectionLimits, set at start
         self._children: dict[tuple[int, str], object] = {}
@@ -79,6 +81,11 @@ class _StateCollector:
                                   "Led partitions whose ISR is smaller than their replica set")
         under.add_metric([], b.under_replicated_count())
         yield under
+        fault = b.engine.storage_fault()
+        failed = GaugeMetricFamily("stratalog_storage_failed",
+                                   "1 while the WAL cannot be written past wal.fault.timeout.ms (produce refused)")
+        failed.add_metric([], 1 if fault is not None else 0)
+        yield failed
         ops = CounterMetricFamily("stratalog_object_store_requests", "Object-store requests",
                                   labels=["operation"])
         nbytes = CounterMetricFamily("stratalog_object_store_bytes", "Object-store bytes",

@@ -114,6 +114,10 @@ class GatewayServer:
                     log.debug("closing a connection idle for %.1fs", now - activity.last)
                     writer.transport.abort()
 
+    def requests_in_flight(self) -> int:
+        """Requests read and not yet answered, over this listener's connections."""
+        return sum(activity.pending for activity, _ in self._activity.values())
+
     async def stop(self) -> None:
         if self._sweeper is not None:
             self._sweeper.cancel()

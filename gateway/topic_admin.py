@@ -18,7 +18,7 @@ from stratalog.coordinator.model import ClusterStore, PartitionState, TopicInfo
 from stratalog.engine import LogEngine
 
 from .cluster import new_topic_assignments
-from .config import TOPIC_CONFIGS, BrokerConfig, ConfigError, parse_value
+from .config import BROKER_SETTINGS, TOPIC_CONFIGS, BrokerConfig, ConfigError, parse_value
 from .errors import KafkaError
 from .protocol.error_codes import ErrorCode
 
@@ -90,6 +90,10 @@ class TopicAdmin:
         self.live_ids = live_ids
         self.sync = sync
         self._lock = asyncio.Lock()
+        self._busy: str | None = None  # the creation under way, for the shutdown log
+
+    def work_in_progress(self) -> list[str]:
+        return [self._busy] if self._busy else []
 
     def check_topic_configs(self, configs: dict[str, str | None]) -> dict[str, str]:
         out = {}
@@ -122,11 +126,16 @@ class TopicAdmin:
         async with self._lock:
             if name in self.topics.by_name or await self.store.topic(name) is not None:
                 raise KafkaError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+            await self._check_cluster_limit(name, partitions)
             if validate_only:
                 return TopicInfo(name, uuid.uuid4(), partitions, replication_factor, configs)
-            assignments = new_topic_assignments(self.live_ids(), range(partitions), replication_factor, name)
-            info = await self.store.create_topic(name, partitions, replication_factor, configs, assignments)
-        await self.sync()
+            self._busy = f"creating topic {name!r} ({partitions} partitions)"
+            try:
+                assignments = new_topic_assignments(self.live_ids(), range(partitions), replication_factor, name)
+                info = await self.store.create_topic(name, partitions, replication_factor, configs, assignments)
+                await self.sync()  # recoveries run a few at a time (engine/leadership.py)
+            finally:
+                self._busy = None
         return info
 
     async def ensure_topic(self, name: str) -> TopicInfo | None:
@@ -167,9 +176,25 @@ class TopicAdmin:
             if total <= info.partitions:
                 raise KafkaError(ErrorCode.INVALID_PARTITIONS,
                                  f"topic {name!r} has {info.partitions} partitions; {total} would not add any")
+            await self._check_cluster_limit(name, total - info.partitions)
             if validate_only:
                 return
-            assignments = new_topic_assignments(self.live_ids(), range(info.partitions, total),
-                                                info.replication_factor, name)
-            await self.store.add_partitions(name, total, assignments)
-        await self.sync()
+            self._busy = f"adding {total - info.partitions} partitions to topic {name!r}"
+            try:
+                assignments = new_topic_assignments(self.live_ids(), range(info.partitions, total),
+                                                    info.replication_factor, name)
+                await self.store.add_partitions(name, total, assignments)
+                await self.sync()
+            finally:
+                self._busy = None
+
+    async def _check_cluster_limit(self, name: str, adding: int) -> None:
+        """max.partitions (KIP-578) bounds the partitions of every topic together."""
+        limit = self.config["max.partitions"]
+        if limit == BROKER_SETTINGS["max.partitions"].default:
+            return  # no limit: skip reading every topic
+        total = sum(t.partitions for t in (await self.store.topics()).values())
+        if total + adding > limit:
+            raise KafkaError(ErrorCode.POLICY_VIOLATION,
+                             f"topic {name!r}: {adding} new partitions would bring the cluster to "
+                             f"{total + adding} partitions, past max.partitions={limit} ({total} exist)")

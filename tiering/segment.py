@@ -236,27 +236,28 @@ class ActiveSegment:
             raise CorruptBatch(f"negative last offset delta {actual.last_offset_delta}")
         if not self.fits(actual):
             raise ValueError("batch does not fit this segment's 32-bit index limits; roll it")
+        if self._unwritten_bytes >= self.UNWRITTEN_LIMIT:
+            # Before anything changes: a write that fails (a full disk) appends nothing.
+            self.write_unwritten()
         position = self._size
         self._unwritten.append(view)
         self._unwritten_bytes += len(view)
         self._size += len(view)
         self._track(actual, position)
-        if self._unwritten_bytes >= self.UNWRITTEN_LIMIT:
-            self.write_unwritten()
         return position
 
     def write_unwritten(self) -> None:
         """Write the appended batches not yet in the file, with one system call."""
         if not self._unwritten or self._fd is None:
             return
-        views, self._unwritten = self._unwritten, []
+        views = self._unwritten
         position = self._size - self._unwritten_bytes
-        self._unwritten_bytes = 0
+        total = self._unwritten_bytes
+        # An OSError leaves them unwritten, to be written again from the same position.
         done = os.pwritev(self._fd, views, position)
-        total = sum(len(v) for v in views)
         while done < total:  # a short write: finish it from where it stopped
-            rest = b"".join(views)[done:]
-            done += os.pwrite(self._fd, rest, position + done)
+            done += os.pwrite(self._fd, b"".join(views)[done:], position + done)
+        self._unwritten, self._unwritten_bytes = [], 0
         if _START_WRITEBACK is not None:
             # Start writing these pages to disk now, without waiting (Linux starts the
             # writeback of dirty pages it is advised of and keeps them cached): sealing
@@ -344,7 +345,10 @@ class ActiveSegment:
     def close(self) -> None:
         """Release the file; idempotent."""
         if self._fd is not None:
-            self.write_unwritten()
+            try:
+                self.write_unwritten()
+            except OSError:
+                pass  # a full disk: the file is a cache of what the WAL holds
             os.close(self._fd)
             self._fd = None
 

@@ -5,9 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
+import threading
 from pathlib import Path
+
+
+EXIT_GRACE_S = 5.0  # after shutdown.timeout.ms, for the interpreter's own exit
 
 
 def _setting(value: str) -> tuple[str, str]:
@@ -47,7 +52,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stratalog.gateway.app import GatewayOptions, StartupError, serve_forever
+    from stratalog.gateway.app import GatewayOptions, ShutdownAbandoned, StartupError, serve_forever
     from stratalog.gateway.config import BrokerConfig, ConfigError, load_settings
 
     from .common import s3_store_options
@@ -56,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         settings = load_settings(args.config, flags=dict(args.settings))
-        BrokerConfig(settings)  # fail here, in one line, on a bad value
+        shutdown_s = BrokerConfig(settings)["shutdown.timeout.ms"] / 1000  # a bad value fails here, in one line
     except ConfigError as e:
         print(f"stratalog: error: {e}", file=sys.stderr)
         return 2
@@ -74,9 +79,30 @@ def run(args: argparse.Namespace) -> int:
     async def main() -> None:
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
+        signals = []
+
+        def stop() -> None:
+            signals.append(1)
+            if len(signals) == 1:
+                task.cancel()  # the stop is bounded by shutdown.timeout.ms
+                # Past the bound, even a thread blocked in the kernel (a hung disk), which
+                # the interpreter would wait for at exit, does not keep the process alive.
+                watchdog = threading.Timer(shutdown_s + EXIT_GRACE_S, _exit_now, args=(
+                    f"stratalog: still running {shutdown_s + EXIT_GRACE_S:.0f}s after the signal "
+                    "(a thread blocked on the disk or the network): exiting",))
+                watchdog.daemon = True
+                watchdog.start()
+            else:
+                _exit_now("stratalog: a second signal: exiting without finishing the stop")
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, task.cancel)
-        await serve_forever(options, ready=lambda line: print(line, flush=True))
+            loop.add_signal_handler(sig, stop)
+        try:
+            await serve_forever(options, ready=lambda line: print(line, flush=True))
+        except ShutdownAbandoned as e:
+            # A thread blocked on a hung disk would keep the interpreter from exiting, so
+            # leave without waiting for it.
+            _exit_now(f"stratalog: stopped without finishing: abandoned {e}")
 
     try:
         runner(main())
@@ -88,3 +114,11 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _exit_now(line: str) -> None:
+    logging.getLogger(__name__).error(line)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
