@@ -29,7 +29,8 @@ API_NAMES = [
     "DescribeProducers", "DescribeAcls", "CreateAcls", "DeleteAcls",
     "DescribeUserScramCredentials", "AlterUserScramCredentials",
     "AddPartitionsToTxn", "AddOffsetsToTxn", "EndTxn", "TxnOffsetCommit",
-    "DescribeTransactions", "ListTransactions",
+    "DescribeTransactions", "ListTransactions", "ConsumerGroupHeartbeat",
+    "ConsumerGroupDescribe",
 ]
 HEADERS = ["RequestHeader", "ResponseHeader"]
 DATA = ["ConsumerProtocolSubscription", "ConsumerProtocolAssignment"]

@@ -1053,6 +1053,80 @@ LIST_TRANSACTIONS_RESPONSE = Schema('ListTransactionsResponse', 0, 1, 0, (
     )),
 ))
 
+CONSUMER_GROUP_HEARTBEAT_REQUEST = Schema('ConsumerGroupHeartbeatRequest', 0, 1, 0, (
+    F('group_id', 'string', 0, default=''),
+    F('member_id', 'string', 0, default=''),
+    F('member_epoch', 'int32', 0, default=0),
+    F('instance_id', 'string', 0, nullable=(0, 32767), default=None),
+    F('rack_id', 'string', 0, nullable=(0, 32767), default=None),
+    F('rebalance_timeout_ms', 'int32', 0, default=-1),
+    F('subscribed_topic_names', '[]string', 0, nullable=(0, 32767), default='null'),
+    F('subscribed_topic_regex', 'string', 1, nullable=(1, 32767), default=None),
+    F('server_assignor', 'string', 0, nullable=(0, 32767), default=None),
+    F('topic_partitions', '[]struct', 0, nullable=(0, 32767), default='null', fields=(
+        F('topic_id', 'uuid', 0),
+        F('partitions', '[]int32', 0),
+    )),
+))
+
+CONSUMER_GROUP_HEARTBEAT_RESPONSE = Schema('ConsumerGroupHeartbeatResponse', 0, 1, 0, (
+    F('throttle_time_ms', 'int32', 0, default=0),
+    F('error_code', 'int16', 0, default=0),
+    F('error_message', 'string', 0, nullable=(0, 32767), default=None),
+    F('member_id', 'string', 0, nullable=(0, 32767), default=None),
+    F('member_epoch', 'int32', 0, default=0),
+    F('heartbeat_interval_ms', 'int32', 0, default=0),
+    F('assignment', 'struct', 0, nullable=(0, 32767), default='null', fields=(
+        F('topic_partitions', '[]struct', 0, fields=(
+            F('topic_id', 'uuid', 0),
+            F('partitions', '[]int32', 0),
+        )),
+    )),
+))
+
+CONSUMER_GROUP_DESCRIBE_REQUEST = Schema('ConsumerGroupDescribeRequest', 0, 0, 0, (
+    F('group_ids', '[]string', 0),
+    F('include_authorized_operations', 'bool', 0, default=False),
+))
+
+CONSUMER_GROUP_DESCRIBE_RESPONSE = Schema('ConsumerGroupDescribeResponse', 0, 0, 0, (
+    F('throttle_time_ms', 'int32', 0, default=0),
+    F('groups', '[]struct', 0, fields=(
+        F('error_code', 'int16', 0, default=0),
+        F('error_message', 'string', 0, nullable=(0, 32767), default=None),
+        F('group_id', 'string', 0, default=''),
+        F('group_state', 'string', 0, default=''),
+        F('group_epoch', 'int32', 0, default=0),
+        F('assignment_epoch', 'int32', 0, default=0),
+        F('assignor_name', 'string', 0, default=''),
+        F('members', '[]struct', 0, fields=(
+            F('member_id', 'string', 0, default=''),
+            F('instance_id', 'string', 0, nullable=(0, 32767), default=None),
+            F('rack_id', 'string', 0, nullable=(0, 32767), default=None),
+            F('member_epoch', 'int32', 0, default=0),
+            F('client_id', 'string', 0, default=''),
+            F('client_host', 'string', 0, default=''),
+            F('subscribed_topic_names', '[]string', 0),
+            F('subscribed_topic_regex', 'string', 0, nullable=(0, 32767), default=None),
+            F('assignment', 'struct', 0, fields=(
+                F('topic_partitions', '[]struct', 0, fields=(
+                    F('topic_id', 'uuid', 0),
+                    F('topic_name', 'string', 0, default=''),
+                    F('partitions', '[]int32', 0),
+                )),
+            )),
+            F('target_assignment', 'struct', 0, fields=(
+                F('topic_partitions', '[]struct', 0, fields=(
+                    F('topic_id', 'uuid', 0),
+                    F('topic_name', 'string', 0, default=''),
+                    F('partitions', '[]int32', 0),
+                )),
+            )),
+        )),
+        F('authorized_operations', 'int32', 0, default=-2147483648),
+    )),
+))
+
 
 class ApiKey(IntEnum):
     """The APIs above, by the key a request header carries."""
@@ -1097,6 +1171,8 @@ class ApiKey(IntEnum):
     DESCRIBE_PRODUCERS = 61
     DESCRIBE_TRANSACTIONS = 65
     LIST_TRANSACTIONS = 66
+    CONSUMER_GROUP_HEARTBEAT = 68
+    CONSUMER_GROUP_DESCRIBE = 69
 
 
 # api key -> (name, request schema, response schema); keyed by ApiKey members, typed
@@ -1142,4 +1218,6 @@ APIS: dict[int, tuple[str, Schema, Schema]] = {
     ApiKey.DESCRIBE_PRODUCERS: ('DescribeProducers', DESCRIBE_PRODUCERS_REQUEST, DESCRIBE_PRODUCERS_RESPONSE),
     ApiKey.DESCRIBE_TRANSACTIONS: ('DescribeTransactions', DESCRIBE_TRANSACTIONS_REQUEST, DESCRIBE_TRANSACTIONS_RESPONSE),
     ApiKey.LIST_TRANSACTIONS: ('ListTransactions', LIST_TRANSACTIONS_REQUEST, LIST_TRANSACTIONS_RESPONSE),
+    ApiKey.CONSUMER_GROUP_HEARTBEAT: ('ConsumerGroupHeartbeat', CONSUMER_GROUP_HEARTBEAT_REQUEST, CONSUMER_GROUP_HEARTBEAT_RESPONSE),
+    ApiKey.CONSUMER_GROUP_DESCRIBE: ('ConsumerGroupDescribe', CONSUMER_GROUP_DESCRIBE_REQUEST, CONSUMER_GROUP_DESCRIBE_RESPONSE),
 }
