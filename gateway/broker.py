@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -26,6 +27,8 @@ from .auth.oauth import JwtValidator
 from .cluster import BrokerAddress, Controller, Membership, coordinator_index
 from .config import BrokerConfig
 from .groups import GroupCoordinator
+from .groups.assignors import assignor_names
+from .groups.consumer_coordinator import ConsumerGroupConfig, ConsumerGroups
 from .topic_admin import TopicAdmin, TopicTable
 from .transactions import MarkerWriter, TransactionCoordinator
 
@@ -88,8 +91,14 @@ class Broker:
         self.admin = TopicAdmin(config, store, self.table, self.engine,
                                 live_ids=lambda: [b.node_id for b in self.live_brokers()],
                                 sync=lambda: self.sync_leadership(wait=True))
+        self.consumer_groups = ConsumerGroups(self._topic_ids, config=ConsumerGroupConfig(
+            session_timeout_ms=config["group.consumer.session.timeout.ms"],
+            heartbeat_interval_ms=config["group.consumer.heartbeat.interval.ms"],
+            assignors=assignor_names(config["group.consumer.assignors"]),
+            max_size=config["group.consumer.max.size"]))
         self.groups = GroupCoordinator(
-            store, initial_rebalance_delay_ms=config["group.initial.rebalance.delay.ms"],
+            store, consumer=self.consumer_groups,
+            initial_rebalance_delay_ms=config["group.initial.rebalance.delay.ms"],
             min_session_timeout_ms=config["group.min.session.timeout.ms"],
             max_session_timeout_ms=config["group.max.session.timeout.ms"])
         self.transactions = TransactionCoordinator(
@@ -249,6 +258,10 @@ class Broker:
     def topic_config(self, topic: str, name: str):
         info = self.table.by_name.get(topic)
         return self.config.topic_config(info.configs if info else {}, name)
+
+    def _topic_ids(self) -> dict[str, tuple[uuid.UUID, int]]:
+        """Every topic's id and partition count (consumer-protocol assignments)."""
+        return {name: (info.topic_id, info.partitions) for name, info in self.table.by_name.items()}
 
     def partition_count(self, topic: str) -> int | None:
         info = self.table.by_name.get(topic)

@@ -60,6 +60,11 @@ def _str(v: Any) -> str:
     return str(v).strip()
 
 
+def _assignors(v: Any) -> str:
+    from stratalog.gateway.groups.assignors import assignor_names
+    return ",".join(assignor_names(str(v)))
+
+
 def _authorizer(v: Any) -> str:
     s = str(v).strip()
     known = ("org.apache.kafka.metadata.authorizer.StandardAuthorizer", "kafka.security.authorizer.AclAuthorizer")
@@ -163,6 +168,10 @@ BROKER_SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("group.initial.rebalance.delay.ms", 3000, _int32, "Wait for more members before the first rebalance of an empty group.", 0),
     _s("group.min.session.timeout.ms", 6000, _int32, "Smallest session timeout a consumer may ask for.", 1),
     _s("group.max.session.timeout.ms", 1_800_000, _int32, "Largest session timeout a consumer may ask for.", 1),
+    _s("group.consumer.session.timeout.ms", 45_000, _int32, "Consumer-protocol groups (group.protocol=consumer): a member that sends no heartbeat for this long is removed and its partitions reassigned.", 1),
+    _s("group.consumer.heartbeat.interval.ms", 5_000, _int32, "Consumer-protocol groups: how often members are told to heartbeat.", 1),
+    _s("group.consumer.assignors", "uniform,range", _assignors, "Consumer-protocol groups: the server-side assignors members may name with group.remote.assignor (uniform, range, or Kafka's class names); the first is the default."),
+    _s("group.consumer.max.size", 2**31 - 1, _int32, "Consumer-protocol groups: most members of one group.", 1),
     _s("remote.cache.bytes", -1, _int, "Disk cache for sealed-segment reads; 0 reads straight from the object store; -1: 1 GiB for s3://, none for file:// (already local disk).", -1),
     _s("remote.log.manager.copier.thread.pool.size", 4, _int32, "Sealed segments uploaded at once; each holds at most a multipart part or two in memory.", 1),
     _s("producer.id.expiration.ms", 86_400_000, _int, "Forget an idle idempotent producer after this long.", 1),

@@ -1,4 +1,6 @@
-"""Classic consumer groups: membership and rebalances in memory, offsets in the store."""
+"""Consumer groups: classic ones (JoinGroup/SyncGroup: `membership.py`) and consumer-protocol
+ones (KIP-848's ConsumerGroupHeartbeat: `consumer_coordinator.py`), in memory; the offsets
+of both in the store (`coordinator.py`)."""
 
 from .coordinator import (GroupCoordinator, GroupDescription, GroupListing, MemberDescription,
                           OffsetEntry)

@@ -21,6 +21,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, TypeVar
 from stratalog.coordinator.model import CommittedOffset
 from stratalog.gateway.protocol.error_codes import ErrorCode
 
+from .consumer_coordinator import ConsumerGroups
 from .group import CONSUMER_PROTOCOL_TYPE, Group, GroupState
 from .membership import GroupConfig, Membership
 
@@ -28,7 +29,8 @@ log = logging.getLogger(__name__)
 
 E = ErrorCode
 S = GroupState
-GROUP_TYPE = "classic"  # the ListGroups v5 type of every group coordinated here
+GROUP_TYPE = "classic"  # the ListGroups v5 type of groups of JoinGroup/SyncGroup
+CONSUMER_GROUP_TYPE = "consumer"  # ... and of groups of ConsumerGroupHeartbeat (KIP-848)
 T = TypeVar("T")
 TopicPartition = tuple[str, int]
 
@@ -75,15 +77,51 @@ class GroupListing:
 
 
 class GroupCoordinator(Membership):
-    """Classic groups of this gateway: membership in memory, offsets in the store."""
+    """The groups of this gateway: classic membership in memory (`Membership`), consumer-
+    protocol groups in `consumer` (`ConsumerGroups`), offsets of both in the store.
+
+    A group id names one kind of group at a time: a ConsumerGroupHeartbeat takes over the
+    id of an Empty classic group and a JoinGroup that of an Empty consumer group (their
+    committed offsets stay), while a group with members refuses the other protocol."""
 
     def __init__(self, store: Any, clock: Callable[[], float] = time.monotonic,
                  config: GroupConfig | None = None, *,
                  wall_clock: Callable[[], float] = time.time,
-                 new_uuid: Callable[[], str] = lambda: str(uuid.uuid4()), **settings: Any):
+                 new_uuid: Callable[[], str] = lambda: str(uuid.uuid4()),
+                 consumer: ConsumerGroups | None = None, **settings: Any):
         """`settings` are GroupConfig fields by name, e.g. initial_rebalance_delay_ms=0."""
         super().__init__(store, clock, config, new_uuid=new_uuid, **settings)
         self._wall_clock = wall_clock
+        self.consumer = consumer if consumer is not None else ConsumerGroups(lambda: {}, clock)
+
+    async def start(self) -> None:
+        await super().start()
+        await self.consumer.start()
+
+    async def stop(self) -> None:
+        await self.consumer.stop()
+        await super().stop()
+
+    def classic_group_in_use(self, group_id: str) -> bool:
+        """Whether a classic group with members holds the id (ConsumerGroupHeartbeat is
+        then refused); an Empty one is forgotten so the consumer protocol can take over."""
+        group = self._groups.get(group_id)
+        if group is None or group.is_(S.DEAD):
+            return False
+        if group.is_(S.EMPTY) and not group.members and not group.pending_members:
+            self.forget(group)
+            return False
+        return True
+
+    def consumer_group_in_use(self, group_id: str) -> bool:
+        """The same for JoinGroup against a consumer-protocol group."""
+        group = self.consumer.group(group_id)
+        if group is None:
+            return False
+        if not group.members:
+            self.consumer.forget(group_id)
+            return False
+        return True
 
     async def _store(self, what: str, call: Awaitable[T]) -> T:
         try:
@@ -104,7 +142,10 @@ class GroupCoordinator(Membership):
         of the current generation; an anonymous one (generation -1, no member) only when
         the group has no members.
         """
-        error = self._validate_commit(group_id, generation_id, member_id, group_instance_id)
+        if self.consumer.group(group_id) is not None:
+            error = self.consumer.check_commit(group_id, member_id, generation_id, list(offsets))
+        else:
+            error = self._validate_commit(group_id, generation_id, member_id, group_instance_id)
         if error is not None:
             return {tp: error for tp in offsets}
         now_ms = int(self._wall_clock() * 1000)
@@ -155,6 +196,8 @@ class GroupCoordinator(Membership):
                      group_instance_id: str | None) -> ErrorCode | None:
         """TxnOffsetCommit (KIP-447): the consumer a producer commits for must be a current
         member of the current generation, as for its own commits; None if it is."""
+        if self.consumer.group(group_id) is not None:
+            return self.consumer.check_commit(group_id, member_id, generation_id, [])
         return self._validate_commit(group_id, generation_id, member_id, group_instance_id)
 
     # --- OffsetFetch ------------------------------------------------------------------
@@ -189,7 +232,7 @@ class GroupCoordinator(Membership):
             return E.INVALID_GROUP_ID, {}
         partitions = list(dict.fromkeys(partitions))
         group = self._groups.get(group_id)
-        if group is None:
+        if group is None and self.consumer.group(group_id) is None:
             try:
                 stored = await self._store("fetch_offsets", self.store.fetch_offsets(group_id))
             except StoreUnavailable:
@@ -198,6 +241,12 @@ class GroupCoordinator(Membership):
                 return E.GROUP_ID_NOT_FOUND, {}
             group = self._groups.get(group_id)  # it may have gained members meanwhile
         errors: dict[TopicPartition, ErrorCode] = {}
+        consumer = self.consumer.group(group_id)
+        if consumer is not None and consumer.members:
+            subscribed_names = self.consumer.subscribed_topic_names(group_id)
+            for tp in partitions:
+                if tp[0] in subscribed_names:
+                    errors[tp] = E.GROUP_SUBSCRIBED_TO_TOPIC
         if group is not None and group.is_(S.DEAD):
             return E.GROUP_ID_NOT_FOUND, {}
         if group is not None and not group.is_(S.EMPTY):
@@ -220,6 +269,10 @@ class GroupCoordinator(Membership):
     # --- DescribeGroups ---------------------------------------------------------------
 
     async def describe_group(self, group_id: str) -> GroupDescription:
+        if self.consumer.group(group_id) is not None:
+            # Not a classic group: DescribeGroups up to v5 answers Dead, as Kafka does
+            # (ConsumerGroupDescribe describes it).
+            return GroupDescription(group_id, E.NONE, S.DEAD.value)
         group = self._groups.get(group_id)
         if group is not None and not group.is_(S.DEAD):
             return describe(group)
@@ -243,6 +296,9 @@ class GroupCoordinator(Membership):
         filter keeps everything)."""
         listings = {g.group_id: GroupListing(g.group_id, g.protocol_type or "", g.state.value)
                     for g in self._groups.values() if not g.is_(S.DEAD)}
+        for cg in self.consumer.groups():
+            listings[cg.group_id] = GroupListing(cg.group_id, CONSUMER_PROTOCOL_TYPE,
+                                                 cg.state.value, CONSUMER_GROUP_TYPE)
         try:
             with_offsets = await self._store("groups_with_offsets",
                                              self.store.groups_with_offsets())
@@ -262,8 +318,15 @@ class GroupCoordinator(Membership):
 
     async def delete_group(self, group_id: str) -> ErrorCode:
         """Delete an Empty group and its committed offsets."""
+        consumer = self.consumer.group(group_id)
+        if consumer is not None:
+            if consumer.members:
+                return E.NON_EMPTY_GROUP
+            self.consumer.forget(group_id)
         group = self._groups.get(group_id)
-        if group is not None:
+        if consumer is not None:
+            pass  # an Empty consumer group: only its offsets are left
+        elif group is not None:
             if group.is_(S.DEAD):
                 return E.GROUP_ID_NOT_FOUND
             if not group.is_(S.EMPTY):

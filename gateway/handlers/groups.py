@@ -83,6 +83,9 @@ async def join_group(ctx: RequestContext, req: Message) -> dict[str, Any]:
         result = JoinResult(E.GROUP_AUTHORIZATION_FAILED, req.member_id)
     elif not_coordinator(ctx, req.group_id):
         result = JoinResult(E.NOT_COORDINATOR, req.member_id)
+    elif req.group_id and ctx.broker.groups.consumer_group_in_use(req.group_id):
+        # Its members use ConsumerGroupHeartbeat (group.protocol=consumer).
+        result = JoinResult(E.INCONSISTENT_GROUP_PROTOCOL, req.member_id)
     else:
         result = await ctx.broker.groups.join_group(
             req.group_id, req.member_id or "",

@@ -50,6 +50,12 @@ async def offset_commit(ctx: RequestContext, req: Message) -> dict[str, Any]:
             else:
                 entries[tp] = OffsetEntry(p.committed_offset, p.committed_leader_epoch,
                                           p.committed_metadata)
+    if entries and ctx.version < 9 and req.member_id and \
+            ctx.broker.groups.consumer.group(req.group_id) is not None:
+        # Members of consumer-protocol groups commit with their member epoch (v9+).
+        for tp in entries:
+            errors[tp] = E.UNSUPPORTED_VERSION
+        entries = {}
     if entries:
         committed = await ctx.broker.groups.commit_offsets(
             req.group_id, entries, generation_id=req.generation_id_or_member_epoch,
@@ -73,13 +79,18 @@ def _partition(index: int, offset: CommittedOffset, error: E = E.NONE) -> dict[s
 
 
 async def _fetch_group(ctx: RequestContext, group_id: str, topics: list | None,
-                       require_stable: bool) -> tuple[E, list[dict[str, Any]]]:
+                       require_stable: bool, member: tuple[str | None, int] = (None, -1)
+                       ) -> tuple[E, list[dict[str, Any]]]:
     """One group's offsets: (group error, topics). `topics` None asks for all of them (of
-    the topics the principal may describe)."""
+    the topics the principal may describe). `member` is v9's member id and epoch, which
+    a consumer-protocol member sends and which must then be current."""
     if not ctx.allowed(Operation.DESCRIBE, ResourceType.GROUP, group_id):
         return E.GROUP_AUTHORIZATION_FAILED, []
     if not_coordinator(ctx, group_id):
         return E.NOT_COORDINATOR, []
+    member_error = ctx.broker.groups.consumer.check_fetch(group_id, *member)
+    if member_error is not None:
+        return member_error, []
     wanted = None if topics is None else \
         [(t.name, p) for t in topics for p in t.partition_indexes or []]
     error, found = await ctx.broker.groups.fetch_offsets(group_id, wanted,
@@ -113,7 +124,8 @@ async def offset_fetch(ctx: RequestContext, req: Message) -> dict[str, Any]:
     if v >= 8:
         groups = []
         for g in req.groups or []:
-            error, topics = await _fetch_group(ctx, g.group_id, g.topics, req.require_stable)
+            member = (g.member_id, g.member_epoch) if v >= 9 else (None, -1)
+            error, topics = await _fetch_group(ctx, g.group_id, g.topics, req.require_stable, member)
             groups.append({"group_id": g.group_id, "topics": topics, "error_code": error})
         return {"groups": groups}
     error, topics = await _fetch_group(ctx, req.group_id, req.topics,

@@ -1,0 +1,208 @@
+"""One consumer-protocol group (KIP-848): its epochs, members and target assignment, and
+the reconciliation that moves each member towards its target without stopping the group.
+
+Bookkeeping only, like `group.py`: no clock, no waiting, no requests.
+
+Three epochs:
+- the group epoch moves whenever what the assignment depends on changes (a member joins or
+  leaves, a subscription or assignor changes, a subscribed topic gains partitions or
+  appears);
+- the assignment epoch is the group epoch the target assignment was computed for;
+- each member's epoch is the assignment epoch it has reconciled to.
+
+Reconciliation, for one member whose epoch is behind the assignment epoch:
+- partitions it has that its target lacks are revoked first: it stays at its epoch in
+  UNREVOKED_PARTITIONS, keeping only the rest, until a heartbeat no longer lists the
+  revoked ones among its owned partitions;
+- then it moves to the assignment epoch and gets its target's partitions that nobody
+  else still owns; the others (UNRELEASED_PARTITIONS) are given on a later heartbeat,
+  once their previous owner revoked them.
+So a partition has at most one owner at any time (`owners`): the member that has it
+assigned or is still revoking it.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from .assignors import Topic
+
+Partitions = dict[Topic, frozenset[int]]
+
+# ConsumerGroupHeartbeat member epochs with a meaning of their own.
+JOIN_EPOCH = 0
+LEAVE_EPOCH = -1
+STATIC_LEAVE_EPOCH = -2
+
+
+class MemberState(enum.Enum):
+    STABLE = "stable"
+    UNREVOKED_PARTITIONS = "unrevoked_partitions"
+    UNRELEASED_PARTITIONS = "unreleased_partitions"
+
+
+class ConsumerGroupState(enum.Enum):
+    """As ListGroups and ConsumerGroupDescribe name them."""
+
+    EMPTY = "Empty"
+    ASSIGNING = "Assigning"
+    RECONCILING = "Reconciling"
+    STABLE = "Stable"
+    DEAD = "Dead"
+
+
+@dataclass(eq=False)
+class ConsumerMember:
+    member_id: str
+    instance_id: str | None = None
+    rack_id: str | None = None
+    client_id: str = ""
+    client_host: str = ""
+    rebalance_timeout_ms: int = 0
+    subscribed_names: tuple[str, ...] = ()
+    subscribed_regex: str | None = None
+    server_assignor: str | None = None
+    epoch: int = 0
+    previous_epoch: int = -1
+    state: MemberState = MemberState.STABLE
+    assigned: Partitions = field(default_factory=dict)
+    pending_revocation: Partitions = field(default_factory=dict)
+
+    def owns(self) -> set[tuple[Topic, int]]:
+        """Partitions this member holds: assigned, or still revoking."""
+        return _pairs(self.assigned) | _pairs(self.pending_revocation)
+
+
+def _pairs(partitions: Partitions) -> set[tuple[Topic, int]]:
+    return {(t, p) for t, ps in partitions.items() for p in ps}
+
+
+def _group(pairs: set[tuple[Topic, int]]) -> Partitions:
+    out: dict[Topic, set[int]] = {}
+    for t, p in pairs:
+        out.setdefault(t, set()).add(p)
+    return {t: frozenset(ps) for t, ps in out.items()}
+
+
+class ConsumerGroup:
+    """The state of one consumer-protocol group (see the module docstring)."""
+
+    def __init__(self, group_id: str):
+        self.group_id = group_id
+        self.group_epoch = 0
+        self.assignment_epoch = 0
+        self.assignor: str = ""
+        self.members: dict[str, ConsumerMember] = {}
+        self.static_members: dict[str, str] = {}  # instance id -> member id
+        self.target: dict[str, Partitions] = {}  # member id -> its target partitions
+        self.owners: dict[tuple[Topic, int], str] = {}
+        # What the last target was computed from: each subscribed topic's partition count.
+        self.subscribed_partitions: dict[Topic, int] = {}
+        self.dead = False
+
+    def __repr__(self) -> str:
+        return (f"ConsumerGroup({self.group_id!r}, epoch={self.group_epoch}, "
+                f"assignment={self.assignment_epoch}, members={list(self.members)})")
+
+    # --- state ------------------------------------------------------------------------
+
+    @property
+    def state(self) -> ConsumerGroupState:
+        if self.dead:
+            return ConsumerGroupState.DEAD
+        if not self.members:
+            return ConsumerGroupState.EMPTY
+        if self.assignment_epoch < self.group_epoch:
+            return ConsumerGroupState.ASSIGNING
+        for m in self.members.values():
+            if m.epoch != self.assignment_epoch or m.state is not MemberState.STABLE:
+                return ConsumerGroupState.RECONCILING
+        return ConsumerGroupState.STABLE
+
+    def bump(self) -> None:
+        self.group_epoch += 1
+
+    # --- membership -------------------------------------------------------------------
+
+    def add(self, member: ConsumerMember) -> None:
+        self.members[member.member_id] = member
+        if member.instance_id is not None:
+            self.static_members[member.instance_id] = member.member_id
+
+    def remove(self, member_id: str) -> ConsumerMember | None:
+        """Take a member out and free what it owned; the caller bumps the epoch."""
+        member = self.members.pop(member_id, None)
+        if member is None:
+            return None
+        if member.instance_id is not None and self.static_members.get(member.instance_id) == member_id:
+            del self.static_members[member.instance_id]
+        self.target.pop(member_id, None)
+        for tp in member.owns():
+            if self.owners.get(tp) == member_id:
+                del self.owners[tp]
+        return member
+
+    def replace_static(self, old: ConsumerMember, new_id: str) -> ConsumerMember:
+        """A static member back under a new member id: it takes the old one's place,
+        epoch and partitions, so nothing is reassigned."""
+        del self.members[old.member_id]
+        if old.member_id in self.target:
+            self.target[new_id] = self.target.pop(old.member_id)
+        for tp in old.owns():
+            if self.owners.get(tp) == old.member_id:
+                self.owners[tp] = new_id
+        old.member_id = new_id
+        self.add(old)
+        return old
+
+    # --- reconciliation ---------------------------------------------------------------
+
+    def reconcile(self, member: ConsumerMember,
+                  owned: Mapping[Topic, frozenset[int]] | None) -> None:
+        """Move `member` as far towards its target as the protocol allows now. `owned`
+        is what its heartbeat reported owning (None: not reported, nothing changed)."""
+        if member.state is MemberState.UNREVOKED_PARTITIONS:
+            if owned is None or _pairs(dict(owned)) & _pairs(member.pending_revocation):
+                return  # still revoking
+            for tp in _pairs(member.pending_revocation):
+                if self.owners.get(tp) == member.member_id:
+                    del self.owners[tp]
+            member.pending_revocation = {}
+            member.state = MemberState.STABLE
+        elif member.state is MemberState.STABLE and member.epoch == self.assignment_epoch:
+            return
+        self._next_assignment(member)
+
+    def _next_assignment(self, member: ConsumerMember) -> None:
+        current = _pairs(member.assigned)
+        target = _pairs(self.target.get(member.member_id, {}))
+        keep = current & target
+        revoke = current - target
+        if revoke:
+            member.assigned = _group(keep)
+            member.pending_revocation = _group(revoke)
+            member.state = MemberState.UNREVOKED_PARTITIONS
+            return
+        free = {tp for tp in target - current if self.owners.get(tp) in (None, member.member_id)}
+        for tp in free:
+            self.owners[tp] = member.member_id
+        member.assigned = _group(keep | free)
+        if member.epoch != self.assignment_epoch:
+            member.previous_epoch, member.epoch = member.epoch, self.assignment_epoch
+        member.state = (MemberState.UNRELEASED_PARTITIONS if target - keep - free
+                        else MemberState.STABLE)
+
+    def set_target(self, epoch: int, target: dict[str, Partitions],
+                   subscribed_partitions: dict[Topic, int]) -> None:
+        self.assignment_epoch = epoch
+        self.target = target
+        self.subscribed_partitions = subscribed_partitions
+
+
+def new_member_id() -> str:
+    """A member id as Kafka makes them: a random UUID, base64 without padding."""
+    import base64
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
