@@ -243,7 +243,14 @@ class ClusterStore(Protocol):
         """Delete some (or, with None, all) committed offsets of a group."""
 
     async def groups_with_offsets(self) -> list[str]:
-        """Names of groups that have committed offsets."""
+        """Names of groups that have committed offsets (or a stored consumer group)."""
+
+    async def consumer_group(self, group: str) -> bytes | None:
+        """A consumer-protocol group's stored state (None: none)."""
+
+    async def put_consumer_group(self, group: str, value: bytes | None,
+                                 expected: bytes | None) -> bool:
+        """Compare-and-swap a consumer-protocol group's state against `expected`."""
 
     # --- producer ids -----------------------------------------------------------------
     async def allocate_producer_ids(self, count: int) -> int:

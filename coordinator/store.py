@@ -14,6 +14,9 @@ Keys live under `/stratalog/<cluster>/` as model.py lists them, values are compa
     transactions/<transactional id>   -> a transaction's state (coordinator.transactions)
     groups/<group>/txn/<producer id>  -> offsets a transaction committed for the group,
                                          applied to its offsets when it commits
+    groups/<group>/consumer           -> a consumer-protocol group's state (KIP-848: epochs,
+                                         members, assignments), JSON the gateway owns
+                                         (gateway.groups.consumer_group); bytes here
 
 `keyspace_version` versions every key and value here, the idempotent producer snapshot in
 segment entries (gateway.producers) included: a change to any of them bumps
@@ -1073,6 +1076,24 @@ class KVClusterStore:
         names = {unquote(key[len(base):].split("/", 1)[0])
                  for key, _, _ in await self.kv.range(base)}
         return sorted(names)
+
+    def _consumer_group_key(self, group: str) -> str:
+        return f"{self._group_prefix(group)}consumer"
+
+    async def consumer_group(self, group: str) -> bytes | None:
+        """A consumer-protocol group's stored state, as `put_consumer_group` wrote it."""
+        got = await self.kv.get(self._consumer_group_key(group))
+        return None if got is None else got[0]
+
+    async def put_consumer_group(self, group: str, value: bytes | None,
+                                 expected: bytes | None) -> bool:
+        """Replace (None: delete) a consumer-protocol group's state if it still is
+        `expected` (None: absent); False if another gateway changed it meanwhile."""
+        key = self._consumer_group_key(group)
+        compare = absent(key) if expected is None else value_is(key, expected)
+        if value is None:
+            return expected is None or await self.kv.txn([compare], [Delete(key)])
+        return await self.kv.txn([compare], [Put(key, value)])
 
     def _pending_key(self, group: str, producer_id: int) -> str:
         return f"{self._group_prefix(group)}txn/{producer_id}"

@@ -95,7 +95,8 @@ class Broker:
             session_timeout_ms=config["group.consumer.session.timeout.ms"],
             heartbeat_interval_ms=config["group.consumer.heartbeat.interval.ms"],
             assignors=assignor_names(config["group.consumer.assignors"]),
-            max_size=config["group.consumer.max.size"]))
+            max_size=config["group.consumer.max.size"]),
+            store=store, owned=self.is_coordinator_for)
         self.groups = GroupCoordinator(
             store, consumer=self.consumer_groups,
             initial_rebalance_delay_ms=config["group.initial.rebalance.delay.ms"],

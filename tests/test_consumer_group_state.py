@@ -376,3 +376,72 @@ def test_the_consumer_protocol_takes_over_an_empty_classic_group(tmp_path):
         assert (await groups.fetch_offsets("g"))[1][("t1", 0)].offset == 7
 
     run_with_store(tmp_path, body)
+
+
+# --- the stored copy: a coordinator move continues the group ----------------------------
+
+def test_a_new_coordinator_continues_the_group_from_the_store(tmp_path):
+    import asyncio
+
+    from stratalog.coordinator import open_coordinator
+
+    async def main():
+        store = open_coordinator(None, tmp_path / "coordinator")
+        try:
+            first, second = Harness(), Harness()
+            for h in (first, second):
+                h.groups = ConsumerGroups(lambda: first.topics, h.clock, h.groups.config, store=store,
+                                          new_id=h.groups._new_id)
+            g1, g2 = first.groups, second.groups
+            sub0 = Subscription(5000, ("t1",), owned={})
+            a = await g1.handle_heartbeat("g", "a", 0, sub0)
+            b = await g1.handle_heartbeat("g", "b", 0, sub0)
+            a = await g1.handle_heartbeat("g", "a", a.member_epoch, Subscription(owned={T1: frozenset(range(6))}))
+            kept = frozenset(parts(a))
+            a = await g1.handle_heartbeat("g", "a", a.member_epoch, Subscription(owned={T1: kept}))
+            b = await g1.handle_heartbeat("g", "b", b.member_epoch, Subscription(owned={}))
+            assert (a.member_epoch, b.member_epoch) == (2, 2) and len(parts(b)) == 3
+            # The coordinator moves: the second gateway loads the group as it was.
+            again = await g2.handle_heartbeat("g", "b", b.member_epoch,
+                                              Subscription(owned={T1: frozenset(parts(b))}))
+            assert again.error == E.NONE and again.member_epoch == 2
+            assert parts(again) == parts(b)  # its whole assignment once, nothing moved
+            group = g2.group("g")
+            assert group.group_epoch == 2 and group.state is ConsumerGroupState.STABLE
+            assert group.members["a"].assigned == {T1: kept}
+            # A third member joins through the new coordinator; the old one, still holding
+            # its copy, cannot overwrite that: it drops its copy and says so.
+            c = await g2.handle_heartbeat("g", "c", 0, sub0)
+            assert c.error == E.NONE and c.member_epoch == 3
+            stale = await g1.handle_heartbeat("g", "a", 0, Subscription(5000, ("t1", "t2"), owned={}))
+            assert stale.error == E.NOT_COORDINATOR
+            assert g1.group("g") is None
+            # Moving back, it loads the newer state.
+            back = await g1.handle_heartbeat("g", "a", 2, Subscription(owned={T1: kept}))
+            assert back.error == E.NONE and g1.group("g").group_epoch == 3
+            assert set(g1.group("g").members) == {"a", "b", "c"}
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+
+
+def test_a_stored_group_from_a_newer_gateway_is_refused(tmp_path):
+    import asyncio
+    import json
+
+    from stratalog.coordinator import open_coordinator
+
+    async def main():
+        store = open_coordinator(None, tmp_path / "coordinator")
+        try:
+            await store.put_consumer_group("g", json.dumps({"version": 99}).encode(), None)
+            h = Harness()
+            groups = ConsumerGroups(lambda: h.topics, h.clock, store=store)
+            r = await groups.handle_heartbeat("g", "a", 0, Subscription(5000, ("t1",), owned={}))
+            assert r.error == E.COORDINATOR_NOT_AVAILABLE and "version 99" in (r.message or "")
+            assert await store.consumer_group("g") == b'{"version": 99}'
+        finally:
+            await store.close()
+
+    asyncio.run(main())

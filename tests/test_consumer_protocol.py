@@ -2,13 +2,15 @@
 consumers against a real gateway: a group of 3 on 6 partitions with members joining and
 leaving under the uniform and range assignors, nothing lost or delivered twice with offsets
 committed; ListGroups types and ConsumerGroupDescribe; a regex subscription picking up a
-new topic; a static member restarting without a reassignment."""
+new topic; a static member restarting without a reassignment; the group continuing when
+its coordinator moves to another gateway and back (state kept in etcd)."""
 
 from __future__ import annotations
 
 import threading
 import time
 import uuid
+import zlib
 
 import pytest
 
@@ -19,6 +21,8 @@ from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 if tuple(int(x) for x in ck.libversion()[0].split(".")[:2]) < (2, 12):
     pytest.skip(f"librdkafka {ck.libversion()[0]} has no GA group.protocol=consumer (2.12+)",
                 allow_module_level=True)
+
+from cluster_fixtures import etcd, start_cluster  # noqa: E402,F401 - etcd is a fixture
 
 PARTITIONS = 6
 SETTINGS = {"group.consumer.heartbeat.interval.ms": 500, "group.consumer.session.timeout.ms": 6000}
@@ -273,3 +277,73 @@ def test_static_member_restart_keeps_its_partitions(gw):
         for m in (again, b):
             m.join(20)
     assert not any(m.error for m in (a, b, again))
+
+
+def describe(bootstrap: str, group: str):
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        return admin.describe_consumer_groups([group])[group].result(10)
+    except ck.KafkaException:
+        return None
+
+
+def snapshot(d) -> dict[str, frozenset[int]]:
+    return {m.member_id: frozenset(p.partition for p in m.assignment.topic_partitions) for m in d.members}
+
+
+def test_the_group_continues_when_its_coordinator_moves(gateway_factory, etcd, tmp_path):
+    gws = start_cluster(gateway_factory, etcd, tmp_path, 2, **SETTINGS)
+    bootstrap = ",".join(g.bootstrap for g in gws)
+    # A group the second gateway coordinates while both are up (the first when alone).
+    group = next(g for g in (f"move-{uuid.uuid4().hex[:8]}" for _ in range(100))
+                 if zlib.crc32(g.encode()) % 2 == 1)
+    topic = f"cg-move-{uuid.uuid4().hex[:6]}"
+    make_topic(bootstrap, topic)
+    records = Records(bootstrap)
+    sink: list = []
+    lock = threading.Lock()
+    members = [Member(consumer_conf(bootstrap, group), [topic], sink, lock) for _ in range(2)]
+    for m in members:
+        m.start()
+    try:
+        records.produce(topic, 300)
+        wait_for(lambda: sorted(len(m.assignment) for m in members) == [3, 3], 30, "3 each")
+        before = None
+
+        def stable():
+            nonlocal before
+            before = describe(bootstrap, group)
+            return before is not None and before.state == ConsumerGroupState.STABLE
+        wait_for(stable, 20, "a Stable group")
+        events = [len(m.events) for m in members]
+        # The coordinator stops: the other gateway loads the group from etcd and carries on
+        # with the same members, epochs and partitions.
+        gws[1].stop()
+        records.produce(topic, 300)
+
+        def continued(bootstrap_now: str) -> bool:
+            d = describe(bootstrap_now, group)
+            return (d is not None and d.state == ConsumerGroupState.STABLE
+                    and snapshot(d) == snapshot(before)
+                    and d.coordinator.id == (1 if bootstrap_now == gws[0].bootstrap else 2))
+        wait_for(lambda: continued(gws[0].bootstrap), 40, "the first gateway to continue the group")
+        # And back.
+        gws[1].start()
+        records.produce(topic, 300)
+        wait_for(lambda: continued(bootstrap), 40, "the second gateway to continue it again")
+
+        def all_delivered():
+            with lock:
+                return len({v for _, _, v in sink}) >= records.total
+        wait_for(all_delivered, 60, "every record delivered")
+        assert [m.events[n:] for m, n in zip(members, events)] == [[], []], \
+            "a member's partitions moved while the coordinator did"
+    finally:
+        for m in members:
+            m.stop_flag.set()
+        for m in members:
+            m.join(20)
+    assert not any(m.error for m in members), [m.error for m in members]
+    values = [v for _, _, v in sink]
+    assert len(set(values)) == records.total, f"lost {records.total - len(set(values))} records"
+    assert len(values) == records.total, f"{len(values) - records.total} records delivered twice"

@@ -13,6 +13,14 @@ Time comes from the injected `clock` through `Timers`, one named timer each for:
   after its rebalance timeout is removed, so the partitions can move on;
 - ("idle", group): an Empty group is dropped from memory after a while (its committed
   offsets stay in the store).
+
+With a `store`, each group's state (epochs, members, assignments; not deadlines) is kept
+in the coordinator as well (`groups/<group>/consumer`), so when the group's coordinator
+moves to another gateway the new one continues it where it was: members keep their member
+ids, epochs and partitions. A heartbeat is answered only once the state it produced (or a
+later one) is stored; writes compare against the value last read or written, so a gateway
+that lost the group (it moved away and back, or two gateways briefly both thought they
+coordinate it) drops its copy instead of overwriting the newer one.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from stratalog.gateway.protocol.error_codes import ErrorCode
 from .assignors import ASSIGNORS, MemberSpec, Topic
 from .consumer_group import (JOIN_EPOCH, LEAVE_EPOCH, STATIC_LEAVE_EPOCH, ConsumerGroup,
                              ConsumerGroupState, ConsumerMember, MemberState, Partitions,
-                             new_member_id)
+                             UnreadableGroupState, from_json, new_member_id, to_json)
 from .timers import Timers
 
 log = logging.getLogger(__name__)
@@ -42,6 +50,9 @@ MAX_IDLE_S = 1.0  # the timer task re-checks at least this often
 MAX_SUBSCRIBED_TOPICS = 10_000
 MAX_REGEX_CHARS = 1_000
 REGEX_MEMORY = 1 << 20  # RE2's memory budget for one compiled subscription regex
+# How long "the store has no such consumer group" is believed (offset commits of classic
+# groups would otherwise read the store every time).
+ABSENT_CACHE_S = 5.0
 # A group's subscribed topics are looked up again at most this often (or at once when a
 # subscription changes), so new topics matching a regex or new partitions are picked up.
 METADATA_REFRESH_S = 1.0
@@ -89,8 +100,16 @@ class ConsumerGroups:
 
     def __init__(self, topics: TopicLookup, clock: Callable[[], float] = time.monotonic,
                  config: ConsumerGroupConfig | None = None, *,
-                 new_id: Callable[[], str] = new_member_id):
+                 new_id: Callable[[], str] = new_member_id, store: Any = None,
+                 owned: Callable[[str], bool] = lambda group_id: True):
         self.config = config or ConsumerGroupConfig()
+        self._store = store  # a ClusterStore, or None: groups live in memory only
+        self._owned = owned  # whether this gateway coordinates a group id
+        self._stored: dict[str, bytes | None] = {}  # group -> its value in the store
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._absent: dict[str, float] = {}  # group -> when the store had none (a cache)
+        self._resend: set[tuple[str, str]] = set()  # members owed their whole assignment
+        self._writes: set[asyncio.Task] = set()
         self._topics = topics
         self._clock = clock
         self._new_id = new_id
@@ -114,9 +133,13 @@ class ConsumerGroups:
                 await task
             except asyncio.CancelledError:
                 pass
+        for t in list(self._writes):
+            t.cancel()
+        await asyncio.gather(*self._writes, return_exceptions=True)
         for group in self._groups.values():
             group.dead = True
         self._groups.clear()
+        self._stored.clear()
         self._timers = Timers()
 
     def tick(self) -> int:
@@ -127,6 +150,7 @@ class ConsumerGroups:
         while True:
             try:
                 self.tick()
+                self._drop_moved()
             except Exception:  # a bug in one timer must not stop every group's timers
                 log.exception("consumer group timer failed")
             nxt = self._timers.next_deadline()
@@ -150,12 +174,136 @@ class ConsumerGroups:
         return list(self._groups.values())
 
     def forget(self, group_id: str) -> None:
-        """Drop an Empty group (DeleteGroups, or a classic group taking the id over)."""
+        """Drop a group from memory (DeleteGroups, a classic group taking the id over, or
+        another gateway coordinating it now); what is stored stays."""
         group = self._groups.pop(group_id, None)
+        self._stored.pop(group_id, None)
+        self._refreshed.pop(group_id, None)
+        self._timers.cancel(("idle", group_id))
         if group is not None:
             group.dead = True
-            self._timers.cancel(("idle", group_id))
-            self._refreshed.pop(group_id, None)
+            for member_id in group.members:
+                self._timers.cancel(("session", group_id, member_id))
+                self._timers.cancel(("revoke", group_id, member_id))
+
+    def _drop_moved(self) -> None:
+        """Forget the groups another gateway coordinates now: if one comes back here, it
+        is loaded again as that gateway left it."""
+        if self._store is None:
+            return
+        for group_id in [g for g in self._groups if not self._owned(g)]:
+            log.info("group %s: coordinated elsewhere now, dropping it from memory", group_id)
+            self.forget(group_id)
+
+    # --- the stored copy --------------------------------------------------------------
+
+    def _lock(self, group_id: str) -> asyncio.Lock:
+        lock = self._locks.get(group_id)
+        if lock is None:
+            if len(self._locks) > 4 * len(self._groups) + 1024:  # unused ones go
+                for g in [g for g, lk in self._locks.items() if not lk.locked() and g not in self._groups]:
+                    del self._locks[g]
+            lock = self._locks[group_id] = asyncio.Lock()
+        return lock
+
+    async def load(self, group_id: str) -> None:
+        """Bring a stored group into memory if it is not there (before a heartbeat, an
+        offset commit or fetch, a describe). Store failures propagate."""
+        if self._store is None or not group_id or group_id in self._groups:
+            return
+        seen = self._absent.get(group_id)
+        if seen is not None and self._clock() - seen < ABSENT_CACHE_S:
+            return
+        async with self._lock(group_id):
+            if group_id in self._groups:
+                return
+            value = await self._store.consumer_group(group_id)
+            if group_id in self._groups:
+                return
+            if value is None:
+                self._absent[group_id] = self._clock()
+                if len(self._absent) > 10_000:
+                    self._absent.clear()
+                return
+            group = from_json(group_id, value)
+            self._absent.pop(group_id, None)
+            self._groups[group_id] = group
+            self._stored[group_id] = value
+            for member in group.members.values():
+                self._arm_timers(group, member)
+                self._resend.add((group_id, member.member_id))
+            self._schedule_idle(group)
+            log.info("group %s: loaded from the coordinator at epoch %d with %d members",
+                     group_id, group.group_epoch, len(group.members))
+
+    async def persist(self, group_id: str, expect: ConsumerGroup | None = None) -> bool:
+        """Store the group's current state if it changed; False if another gateway
+        changed it meanwhile (then this copy is dropped), or if `expect` (the copy a
+        request changed) is no longer the one in memory. Store failures propagate."""
+        if self._store is None:
+            return True
+        async with self._lock(group_id):
+            group = self._groups.get(group_id)
+            if expect is not None and group is not expect:
+                return False
+            if group is None:
+                return True
+            value = to_json(group)
+            before = self._stored.get(group_id)
+            if value == before:
+                return True
+            if not await self._store.put_consumer_group(group_id, value, before):
+                log.warning("group %s: changed by another gateway; dropping this copy", group_id)
+                if self._groups.get(group_id) is group:
+                    self.forget(group_id)
+                return False
+            if self._groups.get(group_id) is group:
+                self._stored[group_id] = value
+            self._absent.pop(group_id, None)
+            return True
+
+    def _persist_soon(self, group_id: str) -> None:
+        """Store a change no request waits for (a timer removed a member)."""
+        if self._store is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._persist_quietly(group_id))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _persist_quietly(self, group_id: str) -> None:
+        try:
+            await self.persist(group_id)
+        except Exception as e:  # noqa: BLE001 - the next heartbeat stores it again
+            log.warning("group %s: storing its state failed: %s", group_id, e)
+
+    async def handle_heartbeat(self, group_id: str, member_id: str, member_epoch: int,
+                               sub: Subscription, *, client_id: str = "", client_host: str = ""
+                               ) -> HeartbeatResult:
+        """`heartbeat`, with the group loaded from and stored to the coordinator."""
+        try:
+            await self.load(group_id)
+        except UnreadableGroupState as e:
+            log.error("%s", e)
+            return self._fail(E.COORDINATOR_NOT_AVAILABLE, str(e))
+        except Exception as e:  # noqa: BLE001 - the coordinator is unreachable: retried
+            return self._fail(E.COORDINATOR_NOT_AVAILABLE, f"loading the group failed: {e}")
+        result = self.heartbeat(group_id, member_id, member_epoch, sub,
+                                client_id=client_id, client_host=client_host)
+        group = self._groups.get(group_id)
+        try:
+            stored = await self.persist(group_id, group)
+        except Exception as e:  # noqa: BLE001 - the coordinator is unreachable: retried
+            self._owe_assignment(group_id, result)
+            return self._fail(E.COORDINATOR_NOT_AVAILABLE, f"storing the group failed: {e}")
+        if not stored:
+            self._owe_assignment(group_id, result)
+            return self._fail(E.NOT_COORDINATOR, "the group was changed by another coordinator")
+        return result
+
+    def _owe_assignment(self, group_id: str, result: HeartbeatResult) -> None:
+        """The member did not get this answer: its next one carries its whole assignment."""
+        if result.member_id and result.error == E.NONE:
+            self._resend.add((group_id, result.member_id))
 
     # --- ConsumerGroupHeartbeat ---------------------------------------------------------
 
@@ -193,6 +341,9 @@ class ConsumerGroups:
             sub.rebalance_timeout_ms != -1 and sub.owned is not None
             and (sub.topic_names is not None or sub.topic_regex is not None))
         changed = (member.epoch, member.assigned) != before
+        if (group.group_id, member.member_id) in self._resend:
+            self._resend.discard((group.group_id, member.member_id))
+            full = True
         return HeartbeatResult(E.NONE, None, member.member_id, member.epoch,
                                self.config.heartbeat_interval_ms,
                                dict(member.assigned) if full or changed else None)
@@ -406,6 +557,7 @@ class ConsumerGroups:
             return
         log.info("group %s: removing member %s: %s", group_id, member_id, why)
         self._remove(group, member, why)
+        self._persist_soon(group_id)
 
     def _remove(self, group: ConsumerGroup, member: ConsumerMember, why: str) -> None:
         group.remove(member.member_id)
@@ -418,6 +570,7 @@ class ConsumerGroups:
             self._ensure_target(group)
         else:
             group.set_target(group.group_epoch, {}, {})
+        self._resend.discard((group.group_id, member.member_id))
         self._schedule_idle(group)
 
     def _schedule_idle(self, group: ConsumerGroup) -> None:

@@ -24,6 +24,7 @@ assigned or is still revoking it.
 from __future__ import annotations
 
 import enum
+import json
 import uuid
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -200,6 +201,75 @@ class ConsumerGroup:
         self.assignment_epoch = epoch
         self.target = target
         self.subscribed_partitions = subscribed_partitions
+
+
+# --- stored form (coordinator key groups/<group>/consumer) -----------------------------
+
+STATE_VERSION = 1  # of the JSON below; a newer one is refused, naming both
+
+
+class UnreadableGroupState(ValueError):
+    """A stored group this gateway cannot read (corrupt, or written by a newer one)."""
+
+
+def _parts_json(partitions: Partitions) -> dict[str, list[int]]:
+    return {str(t): sorted(ps) for t, ps in sorted(partitions.items()) if ps}
+
+
+def _parts(d: Mapping[str, list[int]]) -> Partitions:
+    return {uuid.UUID(t): frozenset(int(p) for p in ps) for t, ps in d.items()}
+
+
+def to_json(group: ConsumerGroup) -> bytes:
+    """The group as the coordinator keeps it: everything but deadlines (a gateway that
+    loads a group gives every member a fresh session)."""
+    members = [{
+        "id": m.member_id, "instance": m.instance_id, "rack": m.rack_id, "client": m.client_id,
+        "host": m.client_host, "rebalance_ms": m.rebalance_timeout_ms,
+        "topics": list(m.subscribed_names), "regex": m.subscribed_regex,
+        "assignor": m.server_assignor, "epoch": m.epoch, "previous": m.previous_epoch,
+        "state": m.state.value, "assigned": _parts_json(m.assigned),
+        "revoking": _parts_json(m.pending_revocation),
+        "target": _parts_json(group.target.get(m.member_id, {})),
+    } for m in group.members.values()]
+    return json.dumps({
+        "version": STATE_VERSION, "group_epoch": group.group_epoch,
+        "assignment_epoch": group.assignment_epoch, "assignor": group.assignor,
+        "subscribed": {str(t): n for t, n in sorted(group.subscribed_partitions.items())},
+        "members": members}, separators=(",", ":"), sort_keys=True).encode()
+
+
+def from_json(group_id: str, value: bytes) -> ConsumerGroup:
+    try:
+        d = json.loads(value)
+        version = int(d.get("version", 0))
+    except (UnicodeDecodeError, ValueError, AttributeError) as e:
+        raise UnreadableGroupState(f"consumer group {group_id}: corrupt stored state: {e}") from None
+    if version > STATE_VERSION or version < 1:
+        raise UnreadableGroupState(
+            f"consumer group {group_id} has state version {version}; this Stratalog reads "
+            f"version {STATE_VERSION}: upgrade the gateway")
+    try:
+        group = ConsumerGroup(group_id)
+        group.group_epoch = int(d["group_epoch"])
+        group.assignment_epoch = int(d["assignment_epoch"])
+        group.assignor = str(d["assignor"])
+        group.subscribed_partitions = {uuid.UUID(t): int(n) for t, n in d["subscribed"].items()}
+        for md in d["members"]:
+            m = ConsumerMember(
+                md["id"], instance_id=md["instance"], rack_id=md["rack"], client_id=md["client"],
+                client_host=md["host"], rebalance_timeout_ms=int(md["rebalance_ms"]),
+                subscribed_names=tuple(md["topics"]), subscribed_regex=md["regex"],
+                server_assignor=md["assignor"], epoch=int(md["epoch"]),
+                previous_epoch=int(md["previous"]), state=MemberState(md["state"]),
+                assigned=_parts(md["assigned"]), pending_revocation=_parts(md["revoking"]))
+            group.add(m)
+            group.target[m.member_id] = _parts(md["target"])
+            for tp in m.owns():
+                group.owners[tp] = m.member_id
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise UnreadableGroupState(f"consumer group {group_id}: corrupt stored state: {e!r}") from None
+    return group
 
 
 def new_member_id() -> str:

@@ -142,6 +142,11 @@ class GroupCoordinator(Membership):
         of the current generation; an anonymous one (generation -1, no member) only when
         the group has no members.
         """
+        try:
+            await self.consumer.load(group_id)
+        except Exception as e:  # noqa: BLE001 - unreadable, or the store is unreachable
+            log.warning("group %s: could not load its consumer-protocol state: %s", group_id, e)
+            return {tp: E.COORDINATOR_NOT_AVAILABLE for tp in offsets}
         if self.consumer.group(group_id) is not None:
             error = self.consumer.check_commit(group_id, member_id, generation_id, list(offsets))
         else:
@@ -318,6 +323,10 @@ class GroupCoordinator(Membership):
 
     async def delete_group(self, group_id: str) -> ErrorCode:
         """Delete an Empty group and its committed offsets."""
+        try:
+            await self.consumer.load(group_id)
+        except Exception:  # noqa: BLE001
+            return E.COORDINATOR_NOT_AVAILABLE
         consumer = self.consumer.group(group_id)
         if consumer is not None:
             if consumer.members:

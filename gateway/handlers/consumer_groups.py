@@ -60,12 +60,24 @@ async def consumer_group_heartbeat(ctx: RequestContext, req: Message) -> dict[st
         topic_regex=req.subscribed_topic_regex if ctx.version >= 1 else None,
         server_assignor=req.server_assignor, owned=_owned(req.topic_partitions),
         instance_id=req.instance_id, rack_id=req.rack_id)
-    result = groups.consumer.heartbeat(group_id, req.member_id or "", req.member_epoch, sub,
-                                       client_id=ctx.client_id or "", client_host=client_host(ctx))
+    result = await groups.consumer.handle_heartbeat(
+        group_id, req.member_id or "", req.member_epoch, sub,
+        client_id=ctx.client_id or "", client_host=client_host(ctx))
     return {"error_code": result.error, "error_message": result.message,
             "member_id": result.member_id, "member_epoch": result.member_epoch,
             "heartbeat_interval_ms": result.heartbeat_interval_ms,
             "assignment": None if result.assignment is None else _assignment(result.assignment)}
+
+
+async def _load(ctx: RequestContext, group_id: str) -> str | None:
+    """Bring a group this gateway coordinates in from the store; why not, if it failed."""
+    if not group_id or not_coordinator(ctx, group_id):
+        return None
+    try:
+        await ctx.broker.groups.consumer.load(group_id)
+    except Exception as e:  # noqa: BLE001 - unreadable, or the coordinator is unreachable
+        return f"loading the group failed: {e}"
+    return None
 
 
 def _described(ctx: RequestContext, partitions: Partitions) -> dict[str, Any]:
@@ -83,12 +95,15 @@ async def consumer_group_describe(ctx: RequestContext, req: Message) -> dict[str
     for group_id in req.group_ids or []:
         entry: dict[str, Any] = {"group_id": group_id, "authorized_operations": operations,
                                  "members": []}
+        loaded = await _load(ctx, group_id)
         group = ctx.broker.groups.consumer.group(group_id)
         if not ctx.allowed(Operation.DESCRIBE, ResourceType.GROUP, group_id):
             entry.update(error_code=E.GROUP_AUTHORIZATION_FAILED,
                          error_message=f"DESCRIBE on group {group_id!r} is not allowed")
         elif not_coordinator(ctx, group_id):
             entry.update(error_code=E.NOT_COORDINATOR, error_message=None)
+        elif loaded is not None:
+            entry.update(error_code=E.COORDINATOR_NOT_AVAILABLE, error_message=loaded)
         elif group is None:
             known = ctx.broker.groups.group(group_id) is not None
             entry.update(error_code=E.GROUP_ID_NOT_FOUND, error_message=(

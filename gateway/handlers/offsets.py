@@ -88,6 +88,10 @@ async def _fetch_group(ctx: RequestContext, group_id: str, topics: list | None,
         return E.GROUP_AUTHORIZATION_FAILED, []
     if not_coordinator(ctx, group_id):
         return E.NOT_COORDINATOR, []
+    try:
+        await ctx.broker.groups.consumer.load(group_id)
+    except Exception:  # noqa: BLE001 - unreadable, or the coordinator is unreachable
+        return E.COORDINATOR_NOT_AVAILABLE, []
     member_error = ctx.broker.groups.consumer.check_fetch(group_id, *member)
     if member_error is not None:
         return member_error, []
