@@ -28,7 +28,8 @@ from .cluster import BrokerAddress, Controller, Membership, coordinator_index
 from .config import BrokerConfig
 from .groups import GroupCoordinator
 from .groups.assignors import assignor_names
-from .groups.consumer_coordinator import ConsumerGroupConfig, ConsumerGroups
+from .groups.consumer_coordinator import ConsumerGroups
+from .groups.consumer_membership import ConsumerGroupConfig
 from .topic_admin import TopicAdmin, TopicTable
 from .transactions import MarkerWriter, TransactionCoordinator
 

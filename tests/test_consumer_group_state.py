@@ -9,8 +9,9 @@ import uuid
 import pytest
 
 from stratalog.gateway.groups.assignors import MemberSpec, assignor_names, range_assign, uniform_assign
-from stratalog.gateway.groups.consumer_coordinator import (ConsumerGroupConfig, ConsumerGroups,
-                                                           HeartbeatResult, Subscription)
+from stratalog.gateway.groups.consumer_coordinator import ConsumerGroups
+from stratalog.gateway.groups.consumer_membership import (ConsumerGroupConfig, HeartbeatResult,
+                                                          Subscription)
 from stratalog.gateway.groups.consumer_group import ConsumerGroupState
 from stratalog.gateway.protocol.error_codes import ErrorCode as E
 

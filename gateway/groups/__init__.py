@@ -1,6 +1,6 @@
-"""Consumer groups: classic ones (JoinGroup/SyncGroup: `membership.py`) and consumer-protocol
-ones (KIP-848's ConsumerGroupHeartbeat: `consumer_coordinator.py`), in memory; the offsets
-of both in the store (`coordinator.py`)."""
+"""Consumer groups: classic ones (JoinGroup/SyncGroup: `membership.py`, in memory) and
+consumer-protocol ones (KIP-848's ConsumerGroupHeartbeat: `consumer_membership.py`, kept in
+the store by `consumer_coordinator.py`); the offsets of both in the store (`coordinator.py`)."""
 
 from .coordinator import (GroupCoordinator, GroupDescription, GroupListing, MemberDescription,
                           OffsetEntry)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from stratalog.gateway.auth.acls import Operation, ResourceType
-from stratalog.gateway.groups.consumer_coordinator import Subscription
+from stratalog.gateway.groups.consumer_membership import Subscription
 from stratalog.gateway.groups.consumer_group import Partitions
 from stratalog.gateway.handlers.groups import (GROUP_OPERATIONS, OPERATIONS_NOT_REQUESTED,
                                                client_host, may_use, not_coordinator)
