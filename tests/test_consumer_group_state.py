@@ -344,8 +344,8 @@ def test_offsets_listing_and_deleting_a_consumer_group(tmp_path):
         assert await groups.delete_group("g") == E.NON_EMPTY_GROUP
         error, deleted = await groups.delete_offsets("g", [("t1", 0)])
         assert deleted == {("t1", 0): E.GROUP_SUBSCRIBED_TO_TOPIC}
-        # A JoinGroup may not take the id while the group has members...
-        assert groups.consumer_group_in_use("g")
+        # A JoinGroup joins as a classic member while the group has members...
+        assert await groups._consumer_group_in_use("g")
         h.groups.heartbeat("g", mid, -1, Subscription())
         # ...and once Empty, DeleteGroups removes it with its offsets.
         assert await groups.delete_group("g") == E.NONE
@@ -355,26 +355,99 @@ def test_offsets_listing_and_deleting_a_consumer_group(tmp_path):
     run_with_store(tmp_path, body)
 
 
+def classic_sub(*topics: str, owned=()) -> bytes:
+    """A consumer protocol subscription (v1: with owned partitions)."""
+    from stratalog.gateway.protocol.catalog import CONSUMER_PROTOCOL_SUBSCRIPTION
+    from stratalog.gateway.protocol.schema import Message
+    return b"\x00\x01" + CONSUMER_PROTOCOL_SUBSCRIPTION.to_bytes(Message(
+        topics=list(topics), user_data=None,
+        owned_partitions=[Message(topic=t, partitions=list(ps)) for t, ps in owned]), 1)
+
+
+def classic_assignment(data: bytes) -> set[int]:
+    from stratalog.gateway.groups.consumer_classic import parse_classic_assignment
+    return {p for _, p in parse_classic_assignment(data)}
+
+
+async def classic_join(groups, member_id="", owned=()):
+    return await groups.join_group(
+        "g", member_id, group_instance_id=None, client_id="c", client_host="/127.0.0.1",
+        session_timeout_ms=10_000, rebalance_timeout_ms=5000, protocol_type="consumer",
+        protocols=[("cooperative-sticky", classic_sub("t1", owned=owned))],
+        require_known_member_id=False)
+
+
 def test_the_consumer_protocol_takes_over_an_empty_classic_group(tmp_path):
     from stratalog.gateway.groups import OffsetEntry
 
     async def body(groups, h):
-        joined = await groups.join_group(
-            "g", "", client_id="c", client_host="/127.0.0.1", session_timeout_ms=10_000,
-            rebalance_timeout_ms=5000, protocol_type="consumer", protocols=[("range", b"")],
-            require_known_member_id=False)
-        assert joined.error == E.NONE
-        assert groups.classic_group_in_use("g")  # members: ConsumerGroupHeartbeat is refused
+        joined = await classic_join(groups)
         synced = await groups.sync_group("g", joined.generation_id, joined.member_id,
                                          assignments={joined.member_id: b""})
         assert synced.error == E.NONE
         await groups.commit_offsets("g", {("t1", 0): OffsetEntry(7)},
                                     generation_id=joined.generation_id, member_id=joined.member_id)
-        groups.leave_group("g", [(joined.member_id, None)])
-        assert not groups.classic_group_in_use("g")  # Empty: forgotten, offsets kept
+        await groups.leave_any("g", [(joined.member_id, None)])
+        assert await groups.make_way_for_consumer_protocol("g") is None  # Empty: forgotten
+        assert groups.group("g") is None
         a = h.join()
         assert a.error == E.NONE
         assert (await groups.fetch_offsets("g"))[1][("t1", 0)].offset == 7
+
+    run_with_store(tmp_path, body)
+
+
+def test_a_classic_group_is_upgraded_online(tmp_path):
+    from stratalog.gateway.protocol.catalog import CONSUMER_PROTOCOL_ASSIGNMENT
+    from stratalog.gateway.protocol.schema import Message
+
+    async def body(groups, h):
+        a = await classic_join(groups)
+        everything = b"\x00\x00" + CONSUMER_PROTOCOL_ASSIGNMENT.to_bytes(Message(
+            assigned_partitions=[Message(topic="t1", partitions=list(range(6)))], user_data=None), 0)
+        # A rebalancing classic group is not upgraded yet: the new member retries.
+        refused = await groups.make_way_for_consumer_protocol("g")
+        assert refused is not None and refused[0] == E.COORDINATOR_NOT_AVAILABLE
+        synced = await groups.sync_group("g", a.generation_id, a.member_id,
+                                         assignments={a.member_id: everything})
+        assert synced.error == E.NONE
+        # Stable: the first consumer-protocol member upgrades it, keeping A's partitions.
+        assert await groups.make_way_for_consumer_protocol("g") is None
+        assert groups.group("g") is None
+        cg = h.groups.group("g")
+        assert cg.members[a.member_id].assigned == {T1: frozenset(range(6))}
+        assert cg.members[a.member_id].epoch == a.generation_id
+        b = h.join()
+        assert b.error == E.NONE and parts(b) == set()  # A still owns everything
+        error, listed = await groups.list_groups()
+        assert [(g.group_id, g.group_type) for g in listed] == [("g", "consumer")]
+        # A learns from its heartbeat that it must rejoin; it rejoins still owning all six
+        # (cooperative), is told what it keeps, revokes the rest and rejoins again.
+        assert await groups.heartbeat_any("g", a.generation_id, a.member_id) == E.REBALANCE_IN_PROGRESS
+        a2 = await classic_join(groups, a.member_id, owned=[("t1", range(6))])
+        assert a2.error == E.NONE and a2.leader_id == "" and a2.generation_id == a.generation_id
+        s2 = await groups.sync_group("g", a2.generation_id, a.member_id, protocol_type="consumer",
+                                     protocol_name="cooperative-sticky")
+        kept = classic_assignment(s2.assignment)
+        assert s2.error == E.NONE and len(kept) == 3
+        assert await groups.heartbeat_any("g", a2.generation_id, a.member_id) == E.REBALANCE_IN_PROGRESS
+        a3 = await classic_join(groups, a.member_id, owned=[("t1", kept)])
+        assert a3.generation_id == b.member_epoch
+        assert await groups.heartbeat_any("g", a3.generation_id, a.member_id) == E.NONE
+        # Now B gets the three A gave up.
+        b2 = h.beat(b, owned={})
+        assert parts(b2) == set(range(6)) - kept
+        # Commits: A at its generation, B at its epoch.
+        from stratalog.gateway.groups import OffsetEntry
+        ok = await groups.commit_offsets("g", {("t1", min(kept)): OffsetEntry(1)},
+                                         generation_id=a3.generation_id, member_id=a.member_id)
+        assert set(ok.values()) == {E.NONE}
+        # A restarts with the consumer protocol: it leaves as a classic member...
+        error, errors = await groups.leave_any("g", [(a.member_id, None)])
+        assert (error, errors) == (E.NONE, [E.NONE])
+        b3 = h.beat(b2, owned={T1: frozenset(parts(b2))})
+        assert parts(b3) == set(range(6))
+        assert all(m.classic is None for m in h.groups.group("g").members.values())
 
     run_with_store(tmp_path, body)
 

@@ -3,7 +3,8 @@ consumers against a real gateway: a group of 3 on 6 partitions with members join
 leaving under the uniform and range assignors, nothing lost or delivered twice with offsets
 committed; ListGroups types and ConsumerGroupDescribe; a regex subscription picking up a
 new topic; a static member restarting without a reassignment; the group continuing when
-its coordinator moves to another gateway and back (state kept in etcd)."""
+its coordinator moves to another gateway and back (state kept in etcd); a classic group
+upgraded online as its members restart with the consumer protocol one by one."""
 
 from __future__ import annotations
 
@@ -69,6 +70,10 @@ class Member(threading.Thread):
         self.final_assignment: set[tuple[str, int]] = set()  # when it stopped
         self.events: list[tuple[str, frozenset]] = []  # ("assign"|"revoke", partitions)
         self.error: Exception | None = None
+        # The consumer protocol and cooperative classic assignors move partitions one by
+        # one; eager classic assignors hand out the whole assignment each time.
+        self.incremental = conf.get("group.protocol") == "consumer" or \
+            conf.get("partition.assignment.strategy") == "cooperative-sticky"
 
     def run(self) -> None:
         try:
@@ -77,14 +82,21 @@ class Member(threading.Thread):
             def on_assign(consumer, parts):
                 got = frozenset((p.topic, p.partition) for p in parts)
                 self.events.append(("assign", got))
-                self.assignment |= got
-                consumer.incremental_assign(parts)
+                if self.incremental:
+                    self.assignment |= got
+                    consumer.incremental_assign(parts)
+                else:  # a classic member with an eager assignor: the whole assignment
+                    self.assignment = set(got)
+                    consumer.assign(parts)
 
             def on_revoke(consumer, parts):
                 gone = frozenset((p.topic, p.partition) for p in parts)
                 self.events.append(("revoke", gone))
                 self.assignment -= gone
-                consumer.incremental_unassign(parts)
+                if self.incremental:
+                    consumer.incremental_unassign(parts)
+                else:
+                    consumer.unassign()
 
             c.subscribe(self.topics, on_assign=on_assign, on_revoke=on_revoke)
             waiting: dict[tuple[str, int], list] = {}
@@ -344,6 +356,58 @@ def test_the_group_continues_when_its_coordinator_moves(gateway_factory, etcd, t
         for m in members:
             m.join(20)
     assert not any(m.error for m in members), [m.error for m in members]
+    values = [v for _, _, v in sink]
+    assert len(set(values)) == records.total, f"lost {records.total - len(set(values))} records"
+    assert len(values) == records.total, f"{len(values) - records.total} records delivered twice"
+
+
+@pytest.mark.parametrize("strategy", ["cooperative-sticky", "range"])
+def test_a_classic_group_is_upgraded_online_member_by_member(gw, strategy):
+    topic = f"cg-upgrade-{uuid.uuid4().hex[:6]}"
+    make_topic(gw.bootstrap, topic)
+    group = f"g-{topic}"
+    records = Records(gw.bootstrap)
+    sink: list = []
+    lock = threading.Lock()
+    classic_conf = {"bootstrap.servers": gw.bootstrap, "group.id": group, "group.protocol": "classic",
+                    "partition.assignment.strategy": strategy,
+                    "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                    "session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
+    members = [Member(classic_conf, [topic], sink, lock) for _ in range(3)]
+    for m in members:
+        m.start()
+    all_members = list(members)
+    try:
+        records.produce(topic, 300)
+        wait_for(lambda: sorted(len(m.assignment) for m in members) == [2, 2, 2], 30,
+                 "3 classic members with 2 each")
+        for i in range(3):
+            # A rolling restart: the classic member stops, and comes back on the new protocol.
+            members[i].stop_flag.set()
+            members[i].join(20)
+            members[i] = Member(consumer_conf(gw.bootstrap, group), [topic], sink, lock)
+            all_members.append(members[i])
+            members[i].start()
+            records.produce(topic, 200)
+            wait_for(lambda: sorted(len(m.assignment) for m in members) == [2, 2, 2], 40,
+                     f"2 each after {i + 1} restarted")
+            assert set().union(*(m.assignment for m in members)) == {(topic, p) for p in range(6)}
+        admin = AdminClient({"bootstrap.servers": gw.bootstrap})
+        listed = admin.list_consumer_groups(types={ConsumerGroupType.CONSUMER}).result(15)
+        assert group in {g.group_id for g in listed.valid}
+        d = admin.describe_consumer_groups([group])[group].result(15)
+        assert d.type == ConsumerGroupType.CONSUMER and len(d.members) == 3
+
+        def all_delivered():
+            with lock:
+                return len({v for _, _, v in sink}) >= records.total
+        wait_for(all_delivered, 60, "every record delivered")
+    finally:
+        for m in members:
+            m.stop_flag.set()
+        for m in members:
+            m.join(20)
+    assert not any(m.error for m in all_members), [m.error for m in all_members]
     values = [v for _, _, v in sink]
     assert len(set(values)) == records.total, f"lost {records.total - len(set(values))} records"
     assert len(values) == records.total, f"{len(values) - records.total} records delivered twice"

@@ -1,6 +1,6 @@
-"""Consumer-protocol groups (KIP-848) of this gateway: `ConsumerMembership` plus what
-consults the `ClusterStore`, keeping each group there and the member checks OffsetCommit
-and OffsetFetch make.
+"""Consumer-protocol groups (KIP-848) of this gateway: `ConsumerMembership` (with classic
+members: `ClassicMembers`) plus what consults the `ClusterStore`, keeping each group there
+and the member checks OffsetCommit and OffsetFetch make.
 
 With a `store`, each group's state (epochs, members, assignments; not deadlines) is kept
 in the coordinator as well (`groups/<group>/consumer`), so when the group's coordinator
@@ -20,9 +20,10 @@ from typing import Any, Callable
 
 from stratalog.gateway.protocol.error_codes import ErrorCode
 
+from .consumer_classic import ClassicMembers
 from .consumer_group import ConsumerGroup, UnreadableGroupState, from_json, new_member_id, to_json
-from .consumer_membership import (ConsumerGroupConfig, ConsumerMembership, HeartbeatResult,
-                                  Subscription, TopicLookup)
+from .consumer_membership import ConsumerGroupConfig, HeartbeatResult, Subscription, TopicLookup
+from .group import Group
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ E = ErrorCode
 ABSENT_CACHE_S = 5.0
 
 
-class ConsumerGroups(ConsumerMembership):
+class ConsumerGroups(ClassicMembers):
     """Consumer-protocol groups of this gateway, in memory and (with a store) stored."""
 
     def __init__(self, topics: TopicLookup, clock: Callable[[], float] = time.monotonic,
@@ -154,6 +155,26 @@ class ConsumerGroups(ConsumerMembership):
         except Exception as e:  # noqa: BLE001 - the next heartbeat stores it again
             log.warning("group %s: storing its state failed: %s", group_id, e)
 
+    async def adopt(self, classic: Group) -> ConsumerGroup | str:
+        """`adopt_classic`, replacing whatever the store held for the id (an Empty
+        consumer group a classic one took over earlier)."""
+        stored = None if self._store is None else await self._store.consumer_group(classic.group_id)
+        adopted = self.adopt_classic(classic)
+        if isinstance(adopted, ConsumerGroup):
+            self._stored[classic.group_id] = stored
+            self._absent.pop(classic.group_id, None)
+        return adopted
+
+    async def store_changes(self, group_id: str, expect: ConsumerGroup | None) -> ErrorCode | None:
+        """`persist` for requests other than ConsumerGroupHeartbeat: None once stored,
+        else the error to answer."""
+        try:
+            stored = await self.persist(group_id, expect)
+        except Exception as e:  # noqa: BLE001 - the coordinator is unreachable: retried
+            log.warning("group %s: storing its state failed: %s", group_id, e)
+            return E.COORDINATOR_NOT_AVAILABLE
+        return None if stored else E.NOT_COORDINATOR
+
     async def handle_heartbeat(self, group_id: str, member_id: str, member_epoch: int,
                                sub: Subscription, *, client_id: str = "", client_host: str = ""
                                ) -> HeartbeatResult:
@@ -200,12 +221,21 @@ class ConsumerGroups(ConsumerMembership):
             return E.UNKNOWN_MEMBER_ID
         if epoch == member.epoch:
             return None
+        stale = E.ILLEGAL_GENERATION if member.classic is not None and epoch < member.epoch \
+            else E.STALE_MEMBER_EPOCH
         if epoch == member.previous_epoch and epoch < member.epoch:
             topics = self._topics()
             held = {(t, p) for t, ps in member.assigned.items() for p in ps}
             if all(name in topics and (topics[name][0], p) in held for name, p in partitions):
                 return None
-        return E.STALE_MEMBER_EPOCH
+        return stale
+
+    def speaks_consumer_protocol(self, group_id: str, member_id: str) -> bool:
+        """Whether the member heartbeats with ConsumerGroupHeartbeat (its commits then
+        carry member epochs: OffsetCommit v9+), rather than being a classic member."""
+        group = self._groups.get(group_id)
+        member = group.members.get(member_id) if group is not None else None
+        return member is not None and member.classic is None
 
     def check_fetch(self, group_id: str, member_id: str | None, epoch: int) -> ErrorCode | None:
         """OffsetFetch v9 naming a member of a consumer group: it must be one, at its

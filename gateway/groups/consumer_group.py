@@ -23,6 +23,8 @@ assigned or is still revoking it.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import enum
 import json
 import uuid
@@ -55,6 +57,16 @@ class ConsumerGroupState(enum.Enum):
     DEAD = "Dead"
 
 
+@dataclass(frozen=True)
+class ClassicMeta:
+    """A member of a consumer-protocol group that still speaks the classic protocol
+    (JoinGroup/SyncGroup/Heartbeat): a group upgraded online while it runs (KIP-848's
+    mixed groups). The gateway assigns for it too."""
+
+    session_timeout_ms: int
+    protocols: tuple[tuple[str, bytes], ...]  # (name, subscription), its preference order
+
+
 @dataclass(eq=False)
 class ConsumerMember:
     member_id: str
@@ -71,6 +83,7 @@ class ConsumerMember:
     state: MemberState = MemberState.STABLE
     assigned: Partitions = field(default_factory=dict)
     pending_revocation: Partitions = field(default_factory=dict)
+    classic: ClassicMeta | None = None
 
     def owns(self) -> set[tuple[Topic, int]]:
         """Partitions this member holds: assigned, or still revoking."""
@@ -175,18 +188,22 @@ class ConsumerGroup:
             member.state = MemberState.STABLE
         elif member.state is MemberState.STABLE and member.epoch == self.assignment_epoch:
             return
-        self._next_assignment(member)
+        self._next_assignment(member, owned)
 
-    def _next_assignment(self, member: ConsumerMember) -> None:
+    def _next_assignment(self, member: ConsumerMember,
+                         owned: Mapping[Topic, frozenset[int]] | None) -> None:
         current = _pairs(member.assigned)
         target = _pairs(self.target.get(member.member_id, {}))
         keep = current & target
         revoke = current - target
-        if revoke:
+        if revoke and (owned is None or _pairs(dict(owned)) & revoke):
             member.assigned = _group(keep)
             member.pending_revocation = _group(revoke)
             member.state = MemberState.UNREVOKED_PARTITIONS
             return
+        for tp in revoke:  # it already let them go (an eager member rejoining owns nothing)
+            if self.owners.get(tp) == member.member_id:
+                del self.owners[tp]
         free = {tp for tp in target - current if self.owners.get(tp) in (None, member.member_id)}
         for tp in free:
             self.owners[tp] = member.member_id
@@ -231,6 +248,10 @@ def to_json(group: ConsumerGroup) -> bytes:
         "state": m.state.value, "assigned": _parts_json(m.assigned),
         "revoking": _parts_json(m.pending_revocation),
         "target": _parts_json(group.target.get(m.member_id, {})),
+        **({"classic": {"session_ms": m.classic.session_timeout_ms,
+                        "protocols": [[n, base64.b64encode(meta).decode()]
+                                      for n, meta in m.classic.protocols]}}
+           if m.classic is not None else {}),
     } for m in group.members.values()]
     return json.dumps({
         "version": STATE_VERSION, "group_epoch": group.group_epoch,
@@ -262,17 +283,19 @@ def from_json(group_id: str, value: bytes) -> ConsumerGroup:
                 subscribed_names=tuple(md["topics"]), subscribed_regex=md["regex"],
                 server_assignor=md["assignor"], epoch=int(md["epoch"]),
                 previous_epoch=int(md["previous"]), state=MemberState(md["state"]),
-                assigned=_parts(md["assigned"]), pending_revocation=_parts(md["revoking"]))
+                assigned=_parts(md["assigned"]), pending_revocation=_parts(md["revoking"]),
+                classic=None if md.get("classic") is None else ClassicMeta(
+                    int(md["classic"]["session_ms"]),
+                    tuple((str(n), base64.b64decode(meta)) for n, meta in md["classic"]["protocols"])))
             group.add(m)
             group.target[m.member_id] = _parts(md["target"])
             for tp in m.owns():
                 group.owners[tp] = m.member_id
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError, binascii.Error) as e:
         raise UnreadableGroupState(f"consumer group {group_id}: corrupt stored state: {e!r}") from None
     return group
 
 
 def new_member_id() -> str:
     """A member id as Kafka makes them: a random UUID, base64 without padding."""
-    import base64
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")

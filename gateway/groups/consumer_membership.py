@@ -404,7 +404,9 @@ class ConsumerMembership:
 
     def _arm_timers(self, group: ConsumerGroup, member: ConsumerMember) -> None:
         gid, mid = group.group_id, member.member_id
-        self._schedule(("session", gid, mid), self.config.session_timeout_ms,
+        # A member still on the classic protocol keeps the session timeout it asked for.
+        session_ms = member.classic.session_timeout_ms if member.classic else self.config.session_timeout_ms
+        self._schedule(("session", gid, mid), session_ms,
                        lambda: self._expire(gid, mid, "session timeout"))
         key = ("revoke", gid, mid)
         if member.state is MemberState.UNREVOKED_PARTITIONS:

@@ -23,7 +23,7 @@ from stratalog.gateway.protocol.error_codes import ErrorCode
 
 from .consumer_coordinator import ConsumerGroups
 from .group import CONSUMER_PROTOCOL_TYPE, Group, GroupState
-from .membership import GroupConfig, Membership
+from .membership import GroupConfig, JoinResult, Membership, SyncResult
 
 log = logging.getLogger(__name__)
 
@@ -102,19 +102,35 @@ class GroupCoordinator(Membership):
         await self.consumer.stop()
         await super().stop()
 
-    def classic_group_in_use(self, group_id: str) -> bool:
-        """Whether a classic group with members holds the id (ConsumerGroupHeartbeat is
-        then refused); an Empty one is forgotten so the consumer protocol can take over."""
+    # --- the two protocols on one group id ------------------------------------------------
+
+    async def make_way_for_consumer_protocol(self, group_id: str) -> tuple[ErrorCode, str] | None:
+        """Before a ConsumerGroupHeartbeat: a classic group holding the id is forgotten if
+        Empty, upgraded online if Stable (`ConsumerGroups.adopt`); otherwise the error to
+        answer (COORDINATOR_NOT_AVAILABLE, retried, while it rebalances)."""
         group = self._groups.get(group_id)
         if group is None or group.is_(S.DEAD):
-            return False
+            return None
         if group.is_(S.EMPTY) and not group.members and not group.pending_members:
             self.forget(group)
-            return False
-        return True
+            return None
+        try:
+            adopted = await self.consumer.adopt(group)
+        except Exception as e:  # noqa: BLE001 - the coordinator is unreachable: retried
+            return E.COORDINATOR_NOT_AVAILABLE, f"reading the group failed: {e}"
+        if isinstance(adopted, str):
+            if group.protocol_type != CONSUMER_PROTOCOL_TYPE:
+                return E.GROUP_ID_NOT_FOUND, adopted
+            return E.COORDINATOR_NOT_AVAILABLE, adopted
+        if self._groups.get(group_id) is group:
+            self.forget(group)
+        return None
 
-    def consumer_group_in_use(self, group_id: str) -> bool:
-        """The same for JoinGroup against a consumer-protocol group."""
+    async def _consumer_group_in_use(self, group_id: str) -> bool:
+        """Whether a consumer-protocol group with members holds the id (classic requests
+        are then answered as its classic members'); an Empty one is forgotten so the
+        classic protocol can take over. Store failures propagate."""
+        await self.consumer.load(group_id)
         group = self.consumer.group(group_id)
         if group is None:
             return False
@@ -122,6 +138,72 @@ class GroupCoordinator(Membership):
             self.consumer.forget(group_id)
             return False
         return True
+
+    async def join_group(self, group_id: str, member_id: str, **kw: Any) -> JoinResult:
+        try:
+            in_use = bool(group_id) and await self._consumer_group_in_use(group_id)
+        except Exception:  # noqa: BLE001
+            return JoinResult(E.COORDINATOR_NOT_AVAILABLE, member_id)
+        if not in_use:
+            return await super().join_group(group_id, member_id, **kw)
+        group = self.consumer.group(group_id)
+        r = self.consumer.classic_join(
+            group_id, member_id, instance_id=kw.get("group_instance_id"),
+            protocol_type=kw["protocol_type"],
+            protocols=tuple((n, bytes(m)) for n, m in kw["protocols"]),
+            session_timeout_ms=kw["session_timeout_ms"],
+            rebalance_timeout_ms=kw["rebalance_timeout_ms"], client_id=kw.get("client_id", ""),
+            client_host=kw.get("client_host", ""),
+            require_known_member_id=kw.get("require_known_member_id", True))
+        error = await self.consumer.store_changes(group_id, group)
+        if error is not None:
+            return JoinResult(error, member_id)
+        if r.error != E.NONE:
+            return JoinResult(r.error, r.member_id)
+        # No leader: the gateway assigns, so no member runs a client-side assignor.
+        return JoinResult(E.NONE, r.member_id, r.generation_id, CONSUMER_PROTOCOL_TYPE,
+                          r.protocol_name, "", ())
+
+    async def sync_group(self, group_id: str, generation_id: int, member_id: str, **kw: Any
+                         ) -> SyncResult:
+        try:
+            in_use = bool(group_id) and await self._consumer_group_in_use(group_id)
+        except Exception:  # noqa: BLE001
+            return SyncResult(E.COORDINATOR_NOT_AVAILABLE)
+        if not in_use:
+            return await super().sync_group(group_id, generation_id, member_id, **kw)
+        r = self.consumer.classic_sync(group_id, generation_id, member_id,
+                                       instance_id=kw.get("group_instance_id"),
+                                       protocol_type=kw.get("protocol_type"),
+                                       protocol_name=kw.get("protocol_name"))
+        if r.error != E.NONE:
+            return SyncResult(r.error)
+        return SyncResult(E.NONE, CONSUMER_PROTOCOL_TYPE, kw.get("protocol_name"), r.assignment)
+
+    async def heartbeat_any(self, group_id: str, generation_id: int, member_id: str,
+                            group_instance_id: str | None = None) -> ErrorCode:
+        """Heartbeat of a classic member, in a classic or a consumer-protocol group."""
+        try:
+            in_use = bool(group_id) and await self._consumer_group_in_use(group_id)
+        except Exception:  # noqa: BLE001
+            return E.COORDINATOR_NOT_AVAILABLE
+        if not in_use:
+            return self.heartbeat(group_id, generation_id, member_id, group_instance_id)
+        return self.consumer.classic_heartbeat(group_id, generation_id, member_id, group_instance_id)
+
+    async def leave_any(self, group_id: str, members: list[tuple[str, str | None]],
+                        reason: str | None = None) -> tuple[ErrorCode, list[ErrorCode]]:
+        """LeaveGroup, from a classic or a consumer-protocol group."""
+        try:
+            in_use = bool(group_id) and await self._consumer_group_in_use(group_id)
+        except Exception:  # noqa: BLE001
+            return E.COORDINATOR_NOT_AVAILABLE, []
+        if not in_use:
+            return self.leave_group(group_id, members, reason)
+        group = self.consumer.group(group_id)
+        errors = self.consumer.classic_leave(group_id, members)
+        error = await self.consumer.store_changes(group_id, group)
+        return (error, []) if error is not None else (E.NONE, errors)
 
     async def _store(self, what: str, call: Awaitable[T]) -> T:
         try:

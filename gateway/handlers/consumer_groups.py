@@ -52,8 +52,9 @@ async def consumer_group_heartbeat(ctx: RequestContext, req: Message) -> dict[st
     if not_coordinator(ctx, group_id):
         return _refusal(E.NOT_COORDINATOR, "this gateway does not coordinate the group")
     groups = ctx.broker.groups
-    if group_id and groups.classic_group_in_use(group_id):
-        return _refusal(E.GROUP_ID_NOT_FOUND, f"Group {group_id} is not a consumer group.")
+    refused = await groups.make_way_for_consumer_protocol(group_id) if group_id else None
+    if refused is not None:
+        return _refusal(*refused)
     sub = Subscription(
         rebalance_timeout_ms=req.rebalance_timeout_ms,
         topic_names=None if names is None else tuple(names),

@@ -83,9 +83,6 @@ async def join_group(ctx: RequestContext, req: Message) -> dict[str, Any]:
         result = JoinResult(E.GROUP_AUTHORIZATION_FAILED, req.member_id)
     elif not_coordinator(ctx, req.group_id):
         result = JoinResult(E.NOT_COORDINATOR, req.member_id)
-    elif req.group_id and ctx.broker.groups.consumer_group_in_use(req.group_id):
-        # Its members use ConsumerGroupHeartbeat (group.protocol=consumer).
-        result = JoinResult(E.INCONSISTENT_GROUP_PROTOCOL, req.member_id)
     else:
         result = await ctx.broker.groups.join_group(
             req.group_id, req.member_id or "",
@@ -140,8 +137,8 @@ async def heartbeat(ctx: RequestContext, req: Message) -> dict[str, Any]:
         return {"error_code": E.GROUP_AUTHORIZATION_FAILED}
     if not_coordinator(ctx, req.group_id):
         return {"error_code": E.NOT_COORDINATOR}
-    error = ctx.broker.groups.heartbeat(req.group_id, req.generation_id, req.member_id,
-                                        req.group_instance_id)
+    error = await ctx.broker.groups.heartbeat_any(req.group_id, req.generation_id, req.member_id,
+                                                  req.group_instance_id)
     return {"error_code": error}
 
 
@@ -160,7 +157,7 @@ async def leave_group(ctx: RequestContext, req: Message) -> dict[str, Any]:
     elif not_coordinator(ctx, req.group_id):
         error, errors = E.NOT_COORDINATOR, []
     else:
-        error, errors = ctx.broker.groups.leave_group(req.group_id, leaving, reason)
+        error, errors = await ctx.broker.groups.leave_any(req.group_id, leaving, reason)
     if ctx.version <= 2:
         # One member and no per-member errors: its error is the answer.
         return {"error_code": error or next((e for e in errors if e), E.NONE)}

@@ -51,7 +51,7 @@ async def offset_commit(ctx: RequestContext, req: Message) -> dict[str, Any]:
                 entries[tp] = OffsetEntry(p.committed_offset, p.committed_leader_epoch,
                                           p.committed_metadata)
     if entries and ctx.version < 9 and req.member_id and \
-            ctx.broker.groups.consumer.group(req.group_id) is not None:
+            ctx.broker.groups.consumer.speaks_consumer_protocol(req.group_id, req.member_id):
         # Members of consumer-protocol groups commit with their member epoch (v9+).
         for tp in entries:
             errors[tp] = E.UNSUPPORTED_VERSION
