@@ -519,3 +519,36 @@ def test_a_stored_group_from_a_newer_gateway_is_refused(tmp_path):
             await store.close()
 
     asyncio.run(main())
+
+
+def test_plain_heartbeats_do_not_write_to_the_store(tmp_path):
+    import asyncio
+
+    from stratalog.coordinator import open_coordinator
+
+    async def main():
+        store = open_coordinator(None, tmp_path / "coordinator")
+        writes = []
+        real = store.put_consumer_group
+
+        async def counting(group, value, expected):
+            writes.append(group)
+            return await real(group, value, expected)
+
+        store.put_consumer_group = counting
+        try:
+            h = Harness()
+            groups = ConsumerGroups(lambda: h.topics, h.clock, store=store)
+            a = await groups.handle_heartbeat("g", "a", 0, Subscription(5000, ("t1",), owned={}))
+            assert writes == ["g"]
+            for _ in range(5):
+                h.clock.now += 1
+                r = await groups.handle_heartbeat("g", "a", a.member_epoch, Subscription())
+                assert r.error == E.NONE
+            assert writes == ["g"]
+            await groups.handle_heartbeat("g", "a", -1, Subscription())
+            assert writes == ["g", "g"]
+        finally:
+            await store.close()
+
+    asyncio.run(main())

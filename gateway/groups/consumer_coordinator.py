@@ -47,6 +47,7 @@ class ConsumerGroups(ClassicMembers):
         self._locks: dict[str, asyncio.Lock] = {}
         self._absent: dict[str, float] = {}  # group -> when the store had none (a cache)
         self._writes: set[asyncio.Task] = set()
+        self._dirty: set[str] = set()  # groups changed since their last successful write
 
     async def stop(self) -> None:
         for t in list(self._writes):
@@ -58,11 +59,13 @@ class ConsumerGroups(ClassicMembers):
     def forget(self, group_id: str) -> None:
         super().forget(group_id)
         self._stored.pop(group_id, None)
+        self._dirty.discard(group_id)
 
     def _after_tick(self) -> None:
         self._drop_moved()
 
     def _changed(self, group_id: str) -> None:
+        self._dirty.add(group_id)
         self._persist_soon(group_id)
 
     def _drop_moved(self) -> None:
@@ -129,8 +132,10 @@ class ConsumerGroups(ClassicMembers):
                 return True
             value = to_json(group)
             before = self._stored.get(group_id)
-            if value == before:
+            if value == before and group_id in self._stored:
+                self._dirty.discard(group_id)
                 return True
+            self._dirty.add(group_id)  # until this write is known to have landed
             if not await self._store.put_consumer_group(group_id, value, before):
                 log.warning("group %s: changed by another gateway; dropping this copy", group_id)
                 if self._groups.get(group_id) is group:
@@ -138,6 +143,8 @@ class ConsumerGroups(ClassicMembers):
                 return False
             if self._groups.get(group_id) is group:
                 self._stored[group_id] = value
+                if to_json(group) == value:
+                    self._dirty.discard(group_id)
             self._absent.pop(group_id, None)
             return True
 
@@ -162,6 +169,7 @@ class ConsumerGroups(ClassicMembers):
         adopted = self.adopt_classic(classic)
         if isinstance(adopted, ConsumerGroup):
             self._stored[classic.group_id] = stored
+            self._dirty.add(classic.group_id)
             self._absent.pop(classic.group_id, None)
         return adopted
 
@@ -186,9 +194,13 @@ class ConsumerGroups(ClassicMembers):
             return self._fail(E.COORDINATOR_NOT_AVAILABLE, str(e))
         except Exception as e:  # noqa: BLE001 - the coordinator is unreachable: retried
             return self._fail(E.COORDINATOR_NOT_AVAILABLE, f"loading the group failed: {e}")
+        before = self._fingerprint(group_id, member_id)
         result = self.heartbeat(group_id, member_id, member_epoch, sub,
                                 client_id=client_id, client_host=client_host)
         group = self._groups.get(group_id)
+        if group is None or (group_id in self._stored and group_id not in self._dirty and
+                             self._fingerprint(group_id, result.member_id or member_id) == before):
+            return result  # nothing to store: most heartbeats only say "still here"
         try:
             stored = await self.persist(group_id, group)
         except Exception as e:  # noqa: BLE001 - the coordinator is unreachable: retried
@@ -198,6 +210,20 @@ class ConsumerGroups(ClassicMembers):
             self._owe_assignment(group_id, result)
             return self._fail(E.NOT_COORDINATOR, "the group was changed by another coordinator")
         return result
+
+    def _fingerprint(self, group_id: str, member_id: str) -> tuple | None:
+        """What a heartbeat of this member can change that the store must learn: the
+        group's epochs and membership, the member's state. Cheaper than serializing the
+        group on every heartbeat; other changes mark the group dirty."""
+        group = self._groups.get(group_id)
+        if group is None:
+            return None
+        m = group.members.get(member_id)
+        mine = None if m is None else (
+            m.epoch, m.previous_epoch, m.state, sorted(m.assigned.items()),
+            sorted(m.pending_revocation.items()), m.subscribed_names, m.subscribed_regex,
+            m.server_assignor, m.rebalance_timeout_ms, m.instance_id, m.rack_id, m.classic)
+        return (id(group), group.group_epoch, group.assignment_epoch, len(group.members), mine)
 
     def _owe_assignment(self, group_id: str, result: HeartbeatResult) -> None:
         """The member did not get this answer: its next one carries its whole assignment."""

@@ -146,6 +146,9 @@ class GroupCoordinator(Membership):
             return JoinResult(E.COORDINATOR_NOT_AVAILABLE, member_id)
         if not in_use:
             return await super().join_group(group_id, member_id, **kw)
+        cfg = self.config
+        if not cfg.min_session_timeout_ms <= kw["session_timeout_ms"] <= cfg.max_session_timeout_ms:
+            return JoinResult(E.INVALID_SESSION_TIMEOUT, member_id)
         group = self.consumer.group(group_id)
         r = self.consumer.classic_join(
             group_id, member_id, instance_id=kw.get("group_instance_id"),
