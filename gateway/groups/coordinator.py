@@ -130,6 +130,9 @@ class GroupCoordinator(Membership):
         """Whether a consumer-protocol group with members holds the id (classic requests
         are then answered as its classic members'); an Empty one is forgotten so the
         classic protocol can take over. Store failures propagate."""
+        classic = self._groups.get(group_id)
+        if classic is not None and not classic.is_(S.DEAD):
+            return False  # an id is one kind at a time: no need to look in the store
         await self.consumer.load(group_id)
         group = self.consumer.group(group_id)
         if group is None:
@@ -228,7 +231,8 @@ class GroupCoordinator(Membership):
         the group has no members.
         """
         try:
-            await self.consumer.load(group_id)
+            if group_id not in self._groups:  # a classic group here: no consumer one
+                await self.consumer.load(group_id)
         except Exception as e:  # noqa: BLE001 - unreadable, or the store is unreachable
             log.warning("group %s: could not load its consumer-protocol state: %s", group_id, e)
             return {tp: E.COORDINATOR_NOT_AVAILABLE for tp in offsets}
