@@ -287,6 +287,22 @@ def test_group_consume_describe_and_reset(bootstrap):
     assert_one_error(cli("groups", "describe", group, *b), f"group {group!r} does not exist")
 
 
+def test_groups_of_both_protocols_are_listed_with_their_type(bootstrap):
+    b = ["--bootstrap", bootstrap]
+    topic = new_topic(bootstrap, 2)
+    ok("produce", topic, *b, input=b"a\nb\n")
+    classic, modern = f"g-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    ok("consume", topic, "--group", classic, "--from-beginning", "--max-messages", "2",
+       "--timeout", "15", *GROUP_CONFIG, *b)
+    ok("consume", topic, "--group", modern, "--from-beginning", "--max-messages", "2",
+       "--timeout", "15", "--command-config", "group.protocol=consumer", *b)
+    rows = {r["GROUP"]: r for r in table(ok("groups", "list", *b), "GROUP")}
+    assert rows[classic]["TYPE"] == "Classic" and rows[modern]["TYPE"] == "Consumer"
+    described = ok("groups", "describe", modern, *b)
+    assert described.startswith(f"group {modern}  state Empty  type Consumer  members 0")
+    assert sum(int(r["COMMITTED"]) for r in table(described, "TOPIC")) == 2  # both records committed
+
+
 def _start_consumer(*args: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "STRATALOG_BOOTSTRAP"}
     return subprocess.Popen([sys.executable, "-m", "stratalog.infra.cli", "consume", *args], cwd=ROOT,

@@ -18,7 +18,7 @@ def add_parser(subparsers) -> None:
                                    description="Inspect and manage consumer groups.")
     actions = groups.add_subparsers(dest="action", metavar="ACTION", required=True)
 
-    p = actions.add_parser("list", help="every consumer group and its state")
+    p = actions.add_parser("list", help="every consumer group, its state and its type (Classic or Consumer)")
     add_connection_options(p)
     p.set_defaults(run=run_list)
 
@@ -62,7 +62,9 @@ def run_list(args: argparse.Namespace) -> int:
     for err in result.errors:
         note(f"warning: a broker did not list its groups: {reason(err)}")
     listings = sorted(result.valid, key=lambda g: g.group_id)
-    print_table(["GROUP", "STATE"], [[g.group_id, enum_label(g.state)] for g in listings])
+    # TYPE: Classic (JoinGroup/SyncGroup) or Consumer (KIP-848, group.protocol=consumer).
+    print_table(["GROUP", "STATE", "TYPE"],
+                [[g.group_id, enum_label(g.state), enum_label(g.type)] for g in listings])
     return 0
 
 
@@ -119,8 +121,8 @@ def run_describe(args: argparse.Namespace) -> int:
 
     coordinator = desc.coordinator
     where = f"{coordinator.id} ({coordinator.host}:{coordinator.port})" if coordinator is not None else "unknown"
-    print(f"group {desc.group_id}  state {enum_label(desc.state)}  members {len(desc.members)}  "
-          f"assignor {desc.partition_assignor or '-'}  coordinator {where}")
+    print(f"group {desc.group_id}  state {enum_label(desc.state)}  type {enum_label(desc.type)}  "
+          f"members {len(desc.members)}  assignor {desc.partition_assignor or '-'}  coordinator {where}")
     print()
     if member_rows:
         print_table(["MEMBER-ID", "CLIENT-ID", "HOST", "ASSIGNMENT"], member_rows)
