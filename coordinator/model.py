@@ -245,6 +245,9 @@ class ClusterStore(Protocol):
     async def groups_with_offsets(self) -> list[str]:
         """Names of groups that have committed offsets (or a stored consumer group)."""
 
+    async def consumer_group_ids(self) -> list[str]:
+        """Groups with a stored consumer-protocol state."""
+
     async def consumer_group(self, group: str) -> bytes | None:
         """A consumer-protocol group's stored state (None: none)."""
 

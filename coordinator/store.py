@@ -1080,6 +1080,12 @@ class KVClusterStore:
     def _consumer_group_key(self, group: str) -> str:
         return f"{self._group_prefix(group)}consumer"
 
+    async def consumer_group_ids(self) -> list[str]:
+        """Groups with a stored consumer-protocol state."""
+        base = self._k("groups/")
+        return sorted(unquote(key[len(base):].split("/", 1)[0])
+                      for key, _, _ in await self.kv.range(base) if key.endswith("/consumer"))
+
     async def consumer_group(self, group: str) -> bytes | None:
         """A consumer-protocol group's stored state, as `put_consumer_group` wrote it."""
         got = await self.kv.get(self._consumer_group_key(group))

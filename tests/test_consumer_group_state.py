@@ -552,3 +552,26 @@ def test_plain_heartbeats_do_not_write_to_the_store(tmp_path):
             await store.close()
 
     asyncio.run(main())
+
+
+def test_list_groups_loads_stored_consumer_groups(tmp_path):
+    import asyncio
+
+    from stratalog.coordinator import open_coordinator
+    from stratalog.gateway.groups import GroupCoordinator
+
+    async def main():
+        store = open_coordinator(None, tmp_path / "coordinator")
+        try:
+            h = Harness()
+            before = ConsumerGroups(lambda: h.topics, h.clock, store=store)
+            assert (await before.handle_heartbeat("g", "a", 0, Subscription(5000, ("t1",), owned={}))).error == E.NONE
+            # Another gateway, which has seen no heartbeat yet, lists it as it is.
+            after = GroupCoordinator(store, h.clock, consumer=ConsumerGroups(lambda: h.topics, h.clock, store=store))
+            error, listed = await after.list_groups()
+            assert [(g.group_id, g.group_type, g.state) for g in listed] == [("g", "consumer", "Stable")]
+            await after.stop()
+        finally:
+            await store.close()
+
+    asyncio.run(main())

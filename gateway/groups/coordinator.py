@@ -22,6 +22,7 @@ from stratalog.coordinator.model import CommittedOffset
 from stratalog.gateway.protocol.error_codes import ErrorCode
 
 from .consumer_coordinator import ConsumerGroups
+from .consumer_group import UnreadableGroupState
 from .group import CONSUMER_PROTOCOL_TYPE, Group, GroupState
 from .membership import GroupConfig, JoinResult, Membership, SyncResult
 
@@ -388,6 +389,20 @@ class GroupCoordinator(Membership):
         """Groups in memory and groups with committed offsets that `owned` says this
         gateway coordinates, filtered by state and type names (case-insensitive; an empty
         filter keeps everything)."""
+        try:
+            # Consumer-protocol groups this gateway coordinates but has not loaded yet (it
+            # became their coordinator and no member has heartbeated since): loading them
+            # lists them as they are, and lets the sessions of members gone meanwhile end.
+            for group_id in await self.store.consumer_group_ids():
+                if owned(group_id) and self.consumer.group(group_id) is None \
+                        and group_id not in self._groups:
+                    try:
+                        await self.consumer.load(group_id)
+                    except UnreadableGroupState as e:
+                        log.error("%s", e)  # listed below as a group with offsets
+        except Exception as e:  # noqa: BLE001 - the store is unreachable
+            log.warning("listing consumer-protocol groups failed: %s", e)
+            return E.COORDINATOR_NOT_AVAILABLE, []
         listings = {g.group_id: GroupListing(g.group_id, g.protocol_type or "", g.state.value)
                     for g in self._groups.values() if not g.is_(S.DEAD)}
         for cg in self.consumer.groups():
