@@ -168,8 +168,14 @@ class GatewayServer:
                      session: Session, activity: _Activity) -> None:
         responses: asyncio.Queue = asyncio.Queue(MAX_IN_FLIGHT)
         write_task = asyncio.create_task(self._write_responses(responses, writer, peer, activity))
+        current = asyncio.current_task()
         try:
             while not write_task.done():
+                if current is not None and current.cancelling():
+                    # The gateway is stopping, but a call the request awaited ended at the
+                    # moment it was cancelled and swallowed it (asyncio.wait_for before
+                    # Python 3.12 does): without this the connection would outlive the stop.
+                    return
                 head = await reader.readexactly(4)
                 (size,) = struct.unpack(">i", head)
                 if size < 8 or size > self.max_request_bytes:
