@@ -304,7 +304,10 @@ def snapshot(d) -> dict[str, frozenset[int]]:
 
 
 def test_the_group_continues_when_its_coordinator_moves(gateway_factory, etcd, tmp_path):
-    gws = start_cluster(gateway_factory, etcd, tmp_path, 2, **SETTINGS)
+    # A session long enough for a client to find the gateway back: librdkafka's reconnect
+    # backoff to a gateway that was down grows to seconds.
+    gws = start_cluster(gateway_factory, etcd, tmp_path, 2,
+                        **{**SETTINGS, "group.consumer.session.timeout.ms": 30_000})
     bootstrap = ",".join(g.bootstrap for g in gws)
     # A group the second gateway coordinates while both are up (the first when alone).
     group = next(g for g in (f"move-{uuid.uuid4().hex[:8]}" for _ in range(100))
@@ -314,7 +317,8 @@ def test_the_group_continues_when_its_coordinator_moves(gateway_factory, etcd, t
     records = Records(bootstrap)
     sink: list = []
     lock = threading.Lock()
-    members = [Member(consumer_conf(bootstrap, group), [topic], sink, lock) for _ in range(2)]
+    members = [Member(consumer_conf(bootstrap, group, **{"reconnect.backoff.max.ms": 1000}),
+                      [topic], sink, lock) for _ in range(2)]
     for m in members:
         m.start()
     try:
