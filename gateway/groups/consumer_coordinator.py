@@ -111,6 +111,10 @@ class ConsumerGroups(ClassicMembers):
             self._absent.pop(group_id, None)
             self._groups[group_id] = group
             self._stored[group_id] = value
+            # Its topics as stored stand for a refresh interval: this gateway may have just
+            # started and not loaded every topic yet, and a topic it does not know of would
+            # read as deleted and take partitions away from their members.
+            self._refreshed[group_id] = self._clock()
             for member in group.members.values():
                 self._arm_timers(group, member)
                 self._resend.add((group_id, member.member_id))
