@@ -93,6 +93,19 @@ class Setting:
     sensitive: bool = False  # a secret: DescribeConfigs answers no value, logs never show it
 
 
+def setting_type(parse: Callable[[Any], Any]) -> str:
+    """Kafka's ConfigDef type of a setting parsed by `parse`, as DescribeConfigs names it."""
+    if parse is _bool:
+        return "BOOLEAN"
+    if parse is _int32:
+        return "INT"
+    if parse is _int:
+        return "LONG"
+    if parse is _policy:
+        return "LIST"
+    return "STRING"
+
+
 def _s(name, default, parse, doc, minimum=None, sensitive=False) -> Setting:
     return Setting(name, default, parse, doc, minimum, sensitive)
 
@@ -215,6 +228,9 @@ class BrokerConfig:
 
     def __init__(self, values: Mapping[str, Any] | None = None):
         self._values = {k: s.default for k, s in BROKER_SETTINGS.items()}
+        # Set by the operator (file, environment or flag), even to its default value:
+        # DescribeConfigs reports these as STATIC_BROKER_CONFIG, as Kafka does.
+        self.given = frozenset(values or ())
         for k, v in (values or {}).items():
             self._values[k] = parse_value(k, v)
 
