@@ -18,6 +18,7 @@ timestamp makes the partition's error INVALID_TIMESTAMP, otherwise INVALID_RECOR
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from stratalog.tiering.batch import BatchHeader, CorruptBatch, decode_records, split_batches
 
@@ -28,6 +29,9 @@ NO_BOUND = 2**63 - 1  # Kafka's default for the timestamp bounds: none
 # Records whose error carries a message; the rest are listed by index with none, so a
 # refused batch of many small records answers with a few bytes per record, not a sentence.
 MESSAGES_KEPT = 100
+# Records listed at most (a compressed batch may hold millions of empty records): about
+# 600 KB of response. Clients fail the records past it as refused for another record.
+RECORDS_LISTED = 100_000
 
 
 @dataclass(frozen=True)
@@ -64,8 +68,7 @@ def validate_batches(records, *, max_bytes: int, compacted: bool,
     if records is None or len(records) == 0:
         raise CorruptBatch("no record batches")
     batches = split_batches(records)
-    bad: list[tuple[int, str]] = []
-    bad_timestamps = 0
+    refused = _Refused()
     first = 0  # index of the batch's first record among the partition's records
     for h, view in batches:
         if h.size > max_bytes:
@@ -79,22 +82,40 @@ def validate_batches(records, *, max_bytes: int, compacted: bool,
             # split_batches checked the CRC already.
             for i, rec in enumerate(decode_records(view, validate_crc=False), start=first):
                 if compacted and rec.key is None:
-                    bad.append((i, f"record {i} has no key, and the topic is compacted "
-                                   "(cleanup.policy=compact): every record needs one"))
+                    refused.add(i, lambda: f"record {i} has no key, and the topic is compacted "
+                                           "(cleanup.policy=compact): every record needs one")
                 elif checked is not None and checked.outside(rec.timestamp):
-                    bad_timestamps += 1
-                    bad.append((i, f"record {i} has timestamp {rec.timestamp}, outside the accepted "
-                                   f"[{_bound(checked.low)}, {_bound(checked.high)}] "
-                                   "(message.timestamp.before.max.ms / after.max.ms around the broker's clock)"))
+                    refused.timestamps += 1
+                    refused.add(i, lambda: f"record {i} has timestamp {rec.timestamp}, outside the accepted "
+                                           f"[{_bound(checked.low)}, {_bound(checked.high)}] (message.timestamp."
+                                           "before.max.ms / after.max.ms around the broker's clock)")
         first += h.records_count
-    if bad:
-        listed = [(i, m if n < MESSAGES_KEPT else None) for n, (i, m) in enumerate(bad)]
-        summary = "; ".join(m for _, m in bad[:3])
-        if bad_timestamps:
-            raise InvalidTimestamp(f"{len(bad)} record(s) refused, {bad_timestamps} for their timestamp; "
-                                   f"nothing was appended: {summary}", listed)
-        raise InvalidRecord(f"{len(bad)} record(s) refused; nothing was appended: {summary}", listed)
+    refused.raise_if_any()
     return batches
+
+
+class _Refused:
+    """The records to blame: every one counted, the first RECORDS_LISTED listed, the first
+    MESSAGES_KEPT of those with their message."""
+
+    def __init__(self) -> None:
+        self.listed: list[tuple[int, str | None]] = []
+        self.count = 0
+        self.timestamps = 0  # of them, for their timestamp
+
+    def add(self, index: int, message: Callable[[], str]) -> None:
+        self.count += 1
+        if len(self.listed) < RECORDS_LISTED:
+            self.listed.append((index, message() if len(self.listed) < MESSAGES_KEPT else None))
+
+    def raise_if_any(self) -> None:
+        if not self.count:
+            return
+        summary = "; ".join(m for _, m in self.listed[:3] if m)
+        if self.timestamps:
+            raise InvalidTimestamp(f"{self.count} record(s) refused, {self.timestamps} for their timestamp; "
+                                   f"nothing was appended: {summary}", self.listed)
+        raise InvalidRecord(f"{self.count} record(s) refused; nothing was appended: {summary}", self.listed)
 
 
 def _bound(value: int | None) -> str:

@@ -86,6 +86,16 @@ def test_a_huge_refused_batch_answers_in_a_few_bytes_per_record():
     assert sum(m is not None for _, m in records) == validation.MESSAGES_KEPT
 
 
+@pytest.mark.unit
+def test_the_records_listed_are_bounded(monkeypatch):
+    monkeypatch.setattr(validation, "RECORDS_LISTED", 1000)
+    batch = build_batch([(None, b"")] * 3000)
+    with pytest.raises(InvalidRecord) as refused:
+        validate_batches(batch, max_bytes=1 << 20, compacted=True, timestamps=None)
+    assert [i for i, _ in refused.value.records] == list(range(1000))
+    assert str(refused.value).startswith("3000 record(s) refused")
+
+
 # ---- through a gateway ---------------------------------------------------------------
 
 @pytest.fixture(scope="module")
