@@ -241,3 +241,24 @@ def test_describe_configs_types_and_documentation_by_version(gw):
     undocumented = _describe_raw(gw, 4, name, include_synonyms=True, include_documentation=False)
     assert undocumented["flush.ms"].documentation is None
     assert [s.source for s in undocumented["flush.ms"].synonyms] == [1, 5]
+
+
+def test_kafka_python_sees_sources_synonyms_and_types(gw):
+    kafka_admin = pytest.importorskip("kafka.admin", reason="kafka-python is not installed")
+    name = _topic(_admin(gw), **{"retention.ms": "60000", "preallocate": "true"})
+    admin = kafka_admin.KafkaAdminClient(bootstrap_servers=gw.bootstrap)
+    try:
+        resource = kafka_admin.ConfigResource(kafka_admin.ConfigResourceType.TOPIC, name)
+        every = admin.describe_configs([resource], include_synonyms=True, config_filter="all")["topic"][name]
+        modified = admin.describe_configs([resource])["topic"][name]
+    finally:
+        admin.close()
+    assert every["retention.ms"]["synonyms"] == [
+        {"name": "retention.ms", "value": "60000", "source": "DYNAMIC_TOPIC_CONFIG"},
+        {"name": "log.retention.ms", "value": "3600000", "source": "STATIC_BROKER_CONFIG"},
+        {"name": "log.retention.ms", "value": "604800000", "source": "DEFAULT_CONFIG"}]
+    assert {k: every[k]["config_type"] for k in ("retention.ms", "preallocate", "cleanup.policy", "segment.bytes")} \
+        == {"retention.ms": "LONG", "preallocate": "BOOLEAN", "cleanup.policy": "LIST", "segment.bytes": "INT"}
+    # kafka-python's default filter keeps what is not a default: the topic's own values.
+    assert sorted(modified) == ["preallocate", "retention.ms"]
+    assert modified["preallocate"]["value"] == "true"
