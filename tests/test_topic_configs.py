@@ -262,3 +262,18 @@ def test_kafka_python_sees_sources_synonyms_and_types(gw):
     # kafka-python's default filter keeps what is not a default: the topic's own values.
     assert sorted(modified) == ["preallocate", "retention.ms"]
     assert modified["preallocate"]["value"] == "true"
+
+
+def test_describe_configs_of_the_broker_says_what_the_operator_set(gw):
+    admin = _admin(gw)
+    resource = ConfigResource(ResourceType.BROKER, "1")
+    described = admin.describe_configs([resource], request_timeout=15)[resource].result(15)
+    retention = described["log.retention.ms"]
+    assert (retention.value, retention.source, retention.is_read_only) == (
+        "3600000", ConfigSource.STATIC_BROKER_CONFIG.value, True)
+    assert [(s.value, s.source) for s in retention.synonyms.values()][-1] == (
+        "604800000", ConfigSource.DEFAULT_CONFIG.value)
+    segment = described["log.segment.bytes"]
+    assert segment.source == ConfigSource.DEFAULT_CONFIG.value and segment.is_default
+    password = described["ssl.key.password"]
+    assert password.is_sensitive and password.value is None
