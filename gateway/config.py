@@ -142,7 +142,7 @@ BROKER_SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("log.cleaner.min.compaction.lag.ms", 0, _int, "Records younger than this are never compacted (topic: min.compaction.lag.ms).", 0),
     _s("log.message.timestamp.difference.max.ms", 2**63 - 1, _int, "Deprecated by Kafka 3.6 for the two below, which fall back to it while at their defaults (topic: message.timestamp.difference.max.ms).", 0),
     _s("log.message.timestamp.before.max.ms", 2**63 - 1, _int, "A CreateTime record older than this (against the gateway's clock) refuses its batch with INVALID_TIMESTAMP (topic: message.timestamp.before.max.ms).", 0),
-    _s("log.message.timestamp.after.max.ms", 2**63 - 1, _int, "A CreateTime record further in the future than this refuses its batch with INVALID_TIMESTAMP (topic: message.timestamp.after.max.ms).", 0),
+    _s("log.message.timestamp.after.max.ms", 2**63 - 1, _int, "A CreateTime record further in the future than this refuses its batch with INVALID_TIMESTAMP (topic: message.timestamp.after.max.ms). Kafka 4.0 made it 3600000; unbounded here, as in Kafka 3.x, so producers whose clocks run ahead keep working.", 0),
     _s("compression.type", "producer", _choice("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"), "Topic: compression.type (stored as produced)."),
     _s("listeners", "", _str, "Listeners as NAME://HOST:PORT, comma-separated (empty: one PLAINTEXT listener on --listen)."),
     _s("advertised.listeners", "", _str, "Where clients reach each listener, NAME://HOST:PORT (empty: --advertised for the first, else the bound address)."),
