@@ -2,7 +2,8 @@
 
 Batch-level checks read only the 61-byte headers (size, control and transactional bits).
 Record-level checks (a key on every record of a compacted topic, timestamps within
-message.timestamp.before.max.ms / after.max.ms of the gateway's clock) decode records,
+message.timestamp.before.max.ms / after.max.ms of the gateway's clock; a batch claiming
+LogAppendTime, which only a broker may stamp, has every record refused) decode records,
 so they run only when the topic needs them: a compacted topic, a lower timestamp bound
 (a record may be older than its batch's first timestamp, so only the records tell), or a
 batch whose header `maxTimestamp` is past the upper bound. Everything else stays bytes.
@@ -20,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from stratalog.tiering.batch import BatchHeader, CorruptBatch, decode_records, split_batches
+from stratalog.tiering.batch import LOG_APPEND_TIME, BatchHeader, CorruptBatch, decode_records, split_batches
 
 from .errors import InvalidRecord, InvalidTimestamp, RecordTooLarge
 
@@ -77,6 +78,14 @@ def validate_batches(records, *, max_bytes: int, compacted: bool,
             raise InvalidRecord("clients may not write control batches (transaction markers)")
         if h.is_transactional and h.producer_id < 0:
             raise InvalidRecord("a transactional batch needs a producer id")
+        if h.timestamp_type == LOG_APPEND_TIME:
+            # Only a broker stamps LogAppendTime; Kafka refuses a producer's batch claiming it,
+            # every record of it, on any topic. The header says so: nothing to decode.
+            refused.timestamps += h.records_count
+            refused.add_all(first, h.records_count, "is in a batch whose attributes claim LogAppendTime, "
+                                                   "which only the broker may set")
+            first += h.records_count
+            continue
         checked = timestamps if timestamps is not None and timestamps.scan_needed(h) else None
         if compacted or checked is not None:
             # split_batches checked the CRC already.
@@ -107,6 +116,13 @@ class _Refused:
         self.count += 1
         if len(self.listed) < RECORDS_LISTED:
             self.listed.append((index, message() if len(self.listed) < MESSAGES_KEPT else None))
+
+    def add_all(self, first: int, count: int, why: str) -> None:
+        """`count` records from index `first`, for one reason (a header's count: listed up
+        to the bound, whatever it claims)."""
+        self.count += count
+        for i in range(first, first + min(count, RECORDS_LISTED - len(self.listed))):
+            self.listed.append((i, f"record {i} {why}" if len(self.listed) < MESSAGES_KEPT else None))
 
     def raise_if_any(self) -> None:
         if not self.count:

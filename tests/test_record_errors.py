@@ -17,7 +17,7 @@ from stratalog.engine import validation
 from stratalog.engine.errors import InvalidRecord, InvalidTimestamp
 from stratalog.engine.validation import NO_BOUND, TimestampBounds, validate_batches
 from stratalog.gateway.protocol.frames import decode_response, encode_request
-from stratalog.tiering.batch import build_batch
+from stratalog.tiering.batch import build_batch, set_log_append_time
 
 from conftest import GatewayProcess
 
@@ -66,6 +66,18 @@ def test_timestamps_are_checked_against_before_and_after_max_ms():
         validate_batches(batch, max_bytes=1 << 20, compacted=False, timestamps=bounds)
     assert [i for i, _ in refused.value.records] == [1, 2]
     assert str(now - HOUR) in refused.value.records[0][1]
+
+
+@pytest.mark.unit
+def test_a_producer_batch_claiming_log_append_time_is_refused_whole(monkeypatch):
+    monkeypatch.setattr(validation, "decode_records", None)  # the header says it all
+    keyed = build_batch([(b"k", b"v")] * 2)
+    stamped = bytearray(build_batch([(b"k", b"v")] * 3))
+    set_log_append_time(stamped, 0, 1_700_000_000_000)
+    with pytest.raises(InvalidTimestamp) as refused:
+        validate_batches(keyed + bytes(stamped), max_bytes=1 << 20, compacted=False, timestamps=None)
+    assert [i for i, _ in refused.value.records] == [2, 3, 4]
+    assert "LogAppendTime" in refused.value.records[0][1]
 
 
 @pytest.mark.unit
