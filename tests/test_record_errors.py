@@ -201,6 +201,31 @@ def test_the_deprecated_difference_bounds_a_topic_and_log_append_time_is_not_che
     assert all(err is None for err in reports.values())
 
 
+def test_kafka_python_fails_the_keyless_records_alone_like_the_java_client(gw):
+    kafka = pytest.importorskip("kafka", reason="kafka-python is not installed")
+    from kafka.errors import InvalidRecordError, KafkaError as KpError
+
+    topic = _topic(gw, **{"cleanup.policy": "compact"})
+    producer = kafka.KafkaProducer(bootstrap_servers=gw.bootstrap, linger_ms=5000, batch_size=1 << 20, retries=0)
+    try:
+        keyless = {3, 13}
+        futures = [producer.send(topic, value=b"v", key=None if i in keyless else b"k", partition=0)
+                   for i in range(20)]
+        producer.flush(30)
+        outcomes = {}
+        for i, future in enumerate(futures):
+            with pytest.raises(KpError) as failed:
+                future.get(10)
+            outcomes[i] = failed.value
+    finally:
+        producer.close()
+    assert {i for i, e in outcomes.items() if isinstance(e, InvalidRecordError)} == keyless
+    assert "record 3 has no key" in str(outcomes[3])
+    # The others: refused because of another record of their batch (Kafka's Java client says the same).
+    assert all("part of a batch" in str(e) for i, e in outcomes.items() if i not in keyless)
+    assert _end_offset(gw, topic) == 0
+
+
 # ---- Produce versions, with the protocol codec as the client -------------------------
 
 def _produce_raw(gw, version: int, topic: str, batch: bytes):
