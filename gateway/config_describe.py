@@ -54,7 +54,7 @@ def broker_synonyms(config: BrokerConfig, setting: Setting) -> list[dict]:
 
 
 def topic(config: BrokerConfig, overrides: Mapping[str, str], keys: set[str] | None, *,
-             include_synonyms: bool, include_documentation: bool) -> list[dict]:
+          include_synonyms: bool, include_documentation: bool) -> list[dict]:
     """DescribeConfigs rows of a topic's configs (all of them, or those named in `keys`)."""
     rows = []
     for name, value in topic_configs.values(config, overrides).items():
@@ -71,7 +71,7 @@ def topic(config: BrokerConfig, overrides: Mapping[str, str], keys: set[str] | N
 
 
 def broker(config: BrokerConfig, keys: set[str] | None, *, include_synonyms: bool,
-                    include_documentation: bool) -> list[dict]:
+           include_documentation: bool) -> list[dict]:
     """DescribeConfigs rows of this gateway's settings (read-only: they are static)."""
     rows = []
     for name, value in sorted(config.items()):
