@@ -93,6 +93,19 @@ class Setting:
     sensitive: bool = False  # a secret: DescribeConfigs answers no value, logs never show it
 
 
+def setting_type(parse: Callable[[Any], Any]) -> str:
+    """Kafka's ConfigDef type of a setting parsed by `parse`, as DescribeConfigs names it."""
+    if parse is _bool:
+        return "BOOLEAN"
+    if parse is _int32:
+        return "INT"
+    if parse is _int:
+        return "LONG"
+    if parse is _policy:
+        return "LIST"
+    return "STRING"
+
+
 def _s(name, default, parse, doc, minimum=None, sensitive=False) -> Setting:
     return Setting(name, default, parse, doc, minimum, sensitive)
 
@@ -127,6 +140,9 @@ BROKER_SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("log.message.timestamp.type", "CreateTime", _choice("CreateTime", "LogAppendTime"), "Topic: message.timestamp.type."),
     _s("log.cleaner.delete.retention.ms", 86_400_000, _int, "How long tombstones survive compaction (topic: delete.retention.ms).", 0),
     _s("log.cleaner.min.compaction.lag.ms", 0, _int, "Records younger than this are never compacted (topic: min.compaction.lag.ms).", 0),
+    _s("log.message.timestamp.difference.max.ms", 2**63 - 1, _int, "Deprecated by Kafka 3.6 for the two below, which fall back to it while at their defaults (topic: message.timestamp.difference.max.ms).", 0),
+    _s("log.message.timestamp.before.max.ms", 2**63 - 1, _int, "A CreateTime record older than this (against the gateway's clock) refuses its batch with INVALID_TIMESTAMP (topic: message.timestamp.before.max.ms).", 0),
+    _s("log.message.timestamp.after.max.ms", 2**63 - 1, _int, "A CreateTime record further in the future than this refuses its batch with INVALID_TIMESTAMP (topic: message.timestamp.after.max.ms). Kafka 4.0 made it 3600000; unbounded here, as in Kafka 3.x, so producers whose clocks run ahead keep working.", 0),
     _s("compression.type", "producer", _choice("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"), "Topic: compression.type (stored as produced)."),
     _s("listeners", "", _str, "Listeners as NAME://HOST:PORT, comma-separated (empty: one PLAINTEXT listener on --listen)."),
     _s("advertised.listeners", "", _str, "Where clients reach each listener, NAME://HOST:PORT (empty: --advertised for the first, else the bound address)."),
@@ -177,6 +193,9 @@ TOPIC_CONFIGS: dict[str, str] = {
     "delete.retention.ms": "log.cleaner.delete.retention.ms",
     "index.interval.bytes": "log.index.interval.bytes",
     "max.message.bytes": "message.max.bytes",
+    "message.timestamp.after.max.ms": "log.message.timestamp.after.max.ms",
+    "message.timestamp.before.max.ms": "log.message.timestamp.before.max.ms",
+    "message.timestamp.difference.max.ms": "log.message.timestamp.difference.max.ms",
     "message.timestamp.type": "log.message.timestamp.type",
     "min.compaction.lag.ms": "log.cleaner.min.compaction.lag.ms",
     "retention.bytes": "log.retention.bytes",
@@ -215,6 +234,9 @@ class BrokerConfig:
 
     def __init__(self, values: Mapping[str, Any] | None = None):
         self._values = {k: s.default for k, s in BROKER_SETTINGS.items()}
+        # Set by the operator (file, environment or flag), even to its default value:
+        # DescribeConfigs reports these as STATIC_BROKER_CONFIG, as Kafka does.
+        self.given = frozenset(values or ())
         for k, v in (values or {}).items():
             self._values[k] = parse_value(k, v)
 

@@ -18,7 +18,8 @@ from stratalog.coordinator.model import ClusterStore, PartitionState, TopicInfo
 from stratalog.engine import LogEngine
 
 from .cluster import new_topic_assignments
-from .config import BROKER_SETTINGS, TOPIC_CONFIGS, BrokerConfig, ConfigError, parse_value
+from . import topic_configs
+from .config import BROKER_SETTINGS, BrokerConfig, ConfigError
 from .errors import KafkaError
 from .protocol.error_codes import ErrorCode
 
@@ -96,14 +97,15 @@ class TopicAdmin:
         return [self._busy] if self._busy else []
 
     def check_topic_configs(self, configs: dict[str, str | None]) -> dict[str, str]:
+        """Every Kafka topic config name is taken (`topic_configs`), its value checked."""
         out = {}
         for k, v in configs.items():
-            if k not in TOPIC_CONFIGS:
+            if not topic_configs.is_topic_config(k):
                 raise KafkaError(ErrorCode.INVALID_CONFIG, f"unknown topic config {k!r}")
             if v is None:
                 raise KafkaError(ErrorCode.INVALID_CONFIG, f"topic config {k!r} has no value")
             try:
-                parse_value(k, v)
+                topic_configs.check(k, v)
             except ConfigError as e:
                 raise KafkaError(ErrorCode.INVALID_CONFIG, str(e)) from None
             out[k] = str(v)

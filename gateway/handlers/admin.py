@@ -4,7 +4,7 @@ AlterConfigs, IncrementalAlterConfigs and DeleteRecords."""
 from __future__ import annotations
 
 from stratalog.gateway.auth.acls import CLUSTER_NAME, Operation, ResourceType, refusal
-from stratalog.gateway.config import BROKER_SETTINGS, TOPIC_CONFIGS
+from stratalog.gateway import config_describe, topic_configs
 from stratalog.gateway.errors import KafkaError, error_code, error_message
 from stratalog.gateway.protocol.error_codes import ErrorCode
 from stratalog.gateway.topic_admin import PartitionBudget
@@ -13,27 +13,11 @@ from .metadata import may_create
 from .registry import ApiKey, RequestContext, handles
 
 TOPIC, BROKER = 2, 4
-# DescribeConfigs config_source values
-DYNAMIC_TOPIC, STATIC_BROKER, DEFAULT = 1, 4, 5
-# DescribeConfigs config_type values
-BOOLEAN, STRING, INT, LONG, LIST = 1, 2, 3, 5, 7
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 
 
 def _failure(e: Exception) -> dict:
     return {"error_code": error_code(e), "error_message": error_message(e)}
-
-
-def _config_type(value) -> int:
-    if isinstance(value, bool):
-        return BOOLEAN
-    if isinstance(value, int):
-        return LONG
-    return STRING
-
-
-def _render(value) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 @handles(ApiKey.CREATE_TOPICS, 0, 7)
@@ -58,23 +42,16 @@ async def create_topics(ctx: RequestContext, req):
             except Exception:
                 budget.give_back(count)
                 raise
+            rows = config_describe.topic(broker.config, info.configs, None, include_synonyms=False,
+                                          include_documentation=False)
             row.update(topic_id=info.topic_id, num_partitions=info.partitions,
                        replication_factor=info.replication_factor,
-                       configs=[{"name": k, "value": _render(v), "read_only": False,
-                                 "config_source": DYNAMIC_TOPIC if k in info.configs else DEFAULT,
-                                 "is_sensitive": False}
-                                for k, v in sorted(_topic_values(broker, info.configs).items())])
+                       configs=[{k: c[k] for k in ("name", "value", "read_only", "config_source", "is_sensitive")}
+                                for c in rows])
         except Exception as e:  # noqa: BLE001 - reported per topic
             row.update(_failure(e))
         out.append(row)
     return {"throttle_time_ms": 0, "topics": out}
-
-
-def _topic_values(broker, overrides: dict) -> dict:
-    values = broker.config.topic_defaults()
-    for k in overrides:
-        values[k] = broker.config.topic_config(overrides, k)
-    return values
 
 
 @handles(ApiKey.DELETE_TOPICS, 0, 6)
@@ -122,37 +99,6 @@ async def create_partitions(ctx: RequestContext, req):
     return {"throttle_time_ms": 0, "results": out}
 
 
-def _describe_topic(broker, name: str, keys) -> list[dict]:
-    info = broker.topics.get(name)
-    if info is None:
-        raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
-    rows = []
-    for k, v in sorted(_topic_values(broker, info.configs).items()):
-        if keys is not None and k not in keys:
-            continue
-        override = k in info.configs
-        broker_key = TOPIC_CONFIGS[k]
-        rows.append({"name": k, "value": _render(v), "read_only": False, "is_default": not override,
-                     "config_source": DYNAMIC_TOPIC if override else DEFAULT, "is_sensitive": False,
-                     "synonyms": [], "config_type": _config_type(v),
-                     "documentation": BROKER_SETTINGS[broker_key].doc})
-    return rows
-
-
-def _describe_broker(broker, keys) -> list[dict]:
-    rows = []
-    for k, v in sorted(broker.config.items()):
-        if keys is not None and k not in keys:
-            continue
-        sensitive = BROKER_SETTINGS[k].sensitive
-        rows.append({"name": k, "value": None if sensitive else _render(v), "read_only": True,
-                     "is_default": v == BROKER_SETTINGS[k].default,
-                     "config_source": DEFAULT if v == BROKER_SETTINGS[k].default else STATIC_BROKER,
-                     "is_sensitive": sensitive, "synonyms": [], "config_type": _config_type(v),
-                     "documentation": BROKER_SETTINGS[k].doc})
-    return rows
-
-
 @handles(ApiKey.DESCRIBE_CONFIGS, 0, 4)
 async def describe_configs(ctx: RequestContext, req):
     broker = ctx.broker
@@ -161,15 +107,19 @@ async def describe_configs(ctx: RequestContext, req):
         row = {"error_code": 0, "error_message": None, "resource_type": r.resource_type,
                "resource_name": r.resource_name, "configs": []}
         keys = set(r.configuration_keys) if r.configuration_keys is not None else None
+        asked = {"include_synonyms": req.include_synonyms, "include_documentation": req.include_documentation}
         try:
             if r.resource_type == TOPIC:
                 ctx.require(Operation.DESCRIBE_CONFIGS, ResourceType.TOPIC, r.resource_name)
-                row["configs"] = _describe_topic(broker, r.resource_name, keys)
+                info = broker.topics.get(r.resource_name)
+                if info is None:
+                    raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {r.resource_name!r} does not exist")
+                row["configs"] = config_describe.topic(broker.config, info.configs, keys, **asked)
             elif r.resource_type == BROKER:
                 ctx.require(Operation.DESCRIBE_CONFIGS, ResourceType.CLUSTER, CLUSTER_NAME)
                 if r.resource_name not in ("", str(broker.node_id)):
                     raise KafkaError(ErrorCode.INVALID_REQUEST, f"no broker {r.resource_name!r} here")
-                row["configs"] = _describe_broker(broker, keys)
+                row["configs"] = config_describe.broker(broker.config, keys, **asked)
             else:
                 raise KafkaError(ErrorCode.INVALID_REQUEST, f"resource type {r.resource_type} is not supported")
         except Exception as e:  # noqa: BLE001
@@ -213,7 +163,7 @@ def _incremental(current: dict, changes) -> dict:
         elif c.config_operation == DELETE:
             current.pop(c.name, None)
         elif c.config_operation in (APPEND, SUBTRACT):
-            if c.name != "cleanup.policy":
+            if not topic_configs.is_topic_config(c.name) or topic_configs.kind(c.name) != "LIST":
                 raise KafkaError(ErrorCode.INVALID_CONFIG, f"{c.name} is not a list config")
             items = [x for x in current.get(c.name, "").split(",") if x]
             value = [x for x in (c.value or "").split(",") if x]
@@ -221,7 +171,7 @@ def _incremental(current: dict, changes) -> dict:
                 items += [x for x in value if x not in items]
             else:
                 items = [x for x in items if x not in value]
-            current[c.name] = ",".join(items) or "delete"
+            current[c.name] = ",".join(items) or ("delete" if c.name == "cleanup.policy" else "")
         else:
             raise KafkaError(ErrorCode.INVALID_REQUEST, f"unknown config operation {c.config_operation}")
     return current
