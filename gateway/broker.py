@@ -79,7 +79,7 @@ class Broker:
         self.cluster_id = ""
         self.table = TopicTable()
         self.membership = Membership(store, self.address, ttl_s=lease_ttl_s)
-        self.controller = Controller(store, self.membership)
+        self.controller = Controller(store, self.membership, rebalance=config["auto.leader.rebalance.enable"])
         self._sync_lock = asyncio.Lock()
         self.engine = LogEngine(EngineSettings.from_config(config), node_id=node_id, data_dir=data_dir,
                                 store=store, objects=objects, topic_info=lambda name: self.table.by_name.get(name),

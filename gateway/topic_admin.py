@@ -17,6 +17,7 @@ from typing import Awaitable, Callable
 from stratalog.coordinator.model import ClusterStore, PartitionState, TopicInfo
 from stratalog.engine import LogEngine
 
+from .assignment import assigned_states, check_assignments
 from .cluster import new_topic_assignments
 from .config import BROKER_SETTINGS, TOPIC_CONFIGS, BrokerConfig, ConfigError, parse_value
 from .errors import KafkaError
@@ -110,8 +111,19 @@ class TopicAdmin:
         return out
 
     async def create_topic(self, name: str, partitions: int, replication_factor: int,
-                           configs: dict[str, str], *, validate_only: bool = False) -> TopicInfo:
+                           configs: dict[str, str], *, validate_only: bool = False,
+                           assignments: list[tuple[int, list[int]]] | None = None) -> TopicInfo:
+        """`assignments`: the operator's replicas of each partition, (index, broker ids),
+        instead of counts (both -1); the first broker id is the preferred leader."""
         validate_topic_name(name)
+        manual = None
+        if assignments:
+            if partitions != -1 or replication_factor != -1:
+                raise KafkaError(ErrorCode.INVALID_REQUEST,
+                                 "give either replica assignments or a partition count and replication "
+                                 "factor (-1 with assignments), not both")
+            manual = check_assignments(assignments, self.live_ids(), range(len(assignments)))
+            partitions, replication_factor = len(manual), len(manual[0])
         if partitions == -1:
             partitions = self.config["num.partitions"]
         if replication_factor == -1:
@@ -131,8 +143,9 @@ class TopicAdmin:
                 return TopicInfo(name, uuid.uuid4(), partitions, replication_factor, configs)
             self._busy = f"creating topic {name!r} ({partitions} partitions)"
             try:
-                assignments = new_topic_assignments(self.live_ids(), range(partitions), replication_factor, name)
-                info = await self.store.create_topic(name, partitions, replication_factor, configs, assignments)
+                states = (assigned_states(manual) if manual is not None else
+                          new_topic_assignments(self.live_ids(), range(partitions), replication_factor, name))
+                info = await self.store.create_topic(name, partitions, replication_factor, configs, states)
                 await self.sync()  # recoveries run a few at a time (engine/leadership.py)
             finally:
                 self._busy = None
@@ -168,7 +181,9 @@ class TopicAdmin:
                 raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
             self.topics.put(await self.store.set_topic_configs(name, configs))
 
-    async def add_partitions(self, name: str, total: int, *, validate_only: bool = False) -> None:
+    async def add_partitions(self, name: str, total: int, *, validate_only: bool = False,
+                             assignments: list[list[int]] | None = None) -> None:
+        """`assignments`: the operator's replicas of each new partition, in order."""
         async with self._lock:
             info = self.topics.by_name.get(name)
             if info is None:
@@ -176,14 +191,21 @@ class TopicAdmin:
             if total <= info.partitions:
                 raise KafkaError(ErrorCode.INVALID_PARTITIONS,
                                  f"topic {name!r} has {info.partitions} partitions; {total} would not add any")
+            new = range(info.partitions, total)
+            manual = None
+            if assignments is not None:
+                if len(assignments) != len(new):
+                    raise KafkaError(ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                                     f"topic {name!r}: {len(assignments)} assignments for {len(new)} new partitions")
+                manual = check_assignments(zip(new, assignments), self.live_ids(), new, info.replication_factor)
             await self._check_cluster_limit(name, total - info.partitions)
             if validate_only:
                 return
             self._busy = f"adding {total - info.partitions} partitions to topic {name!r}"
             try:
-                assignments = new_topic_assignments(self.live_ids(), range(info.partitions, total),
-                                                    info.replication_factor, name)
-                await self.store.add_partitions(name, total, assignments)
+                states = (assigned_states(manual) if manual is not None else
+                          new_topic_assignments(self.live_ids(), new, info.replication_factor, name))
+                await self.store.add_partitions(name, total, states)
                 await self.sync()
             finally:
                 self._busy = None
