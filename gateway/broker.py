@@ -26,6 +26,7 @@ from .auth.oauth import JwtValidator
 from .cluster import BrokerAddress, Controller, Membership, coordinator_index
 from .config import BrokerConfig
 from .groups import GroupCoordinator
+from .reassignment import ReplicaAdmin
 from .topic_admin import TopicAdmin, TopicTable
 from .transactions import MarkerWriter, TransactionCoordinator
 
@@ -88,6 +89,8 @@ class Broker:
         self.admin = TopicAdmin(config, store, self.table, self.engine,
                                 live_ids=lambda: [b.node_id for b in self.live_brokers()],
                                 sync=lambda: self.sync_leadership(wait=True))
+        self.replicas = ReplicaAdmin(store, self.table, live_ids=lambda: [b.node_id for b in self.live_brokers()],
+                                     settle=self.settle)
         self.groups = GroupCoordinator(
             store, initial_rebalance_delay_ms=config["group.initial.rebalance.delay.ms"],
             min_session_timeout_ms=config["group.min.session.timeout.ms"],
@@ -190,6 +193,12 @@ class Broker:
             pending = self.engine.take_leadership(self._assignments(leading=True))
         if wait and pending:
             await asyncio.gather(*pending, return_exceptions=True)
+
+    async def settle(self) -> None:
+        """After an operator's change: the controller's pass and our leadership sync now,
+        when we are the controller (others see it within their next tick)."""
+        if await self.controller.run_once():
+            await self.sync_leadership()
 
     async def tail_replicas(self) -> None:
         """Keep the partitions we replicate warm; lagging ones leave our ISR membership."""
