@@ -353,3 +353,32 @@ def test_assignments_reassignments_and_elections_on_three_gateways(gateway_facto
         expected = [v for v in first + during + after if int(v.split(b"-")[1]) == p]
         assert log[p] == expected, p
     kp.close()
+
+    # The same through `stratalog topics`.
+    other = cf.unique_topic("cli")
+    assert "created" in cli("topics", "create", other, "--replica-assignment", "2:1,1:2", "--bootstrap", boot)
+    cli("topics", "alter", other, "--partitions", "3", "--replica-assignment", "3:2", "--bootstrap", boot)
+    cf.wait_for(lambda: {p: (lead, reps) for p, (lead, reps, _) in describe(boot, other).items()}
+                == {0: (2, [2, 1]), 1: (1, [1, 2]), 2: (3, [3, 2])}, what="the CLI's assignment")
+    assert "reassigning" in cli("topics", "reassign", other, "0", "--replicas", "3,1", "--bootstrap", boot)
+    cf.wait_for(lambda: describe(boot, other)[0][:2] == (3, [3, 1]), what="partition 0 moved by the CLI")
+    assert cli("topics", "reassignments", "--bootstrap", boot) == "no reassignment under way\n"
+    failed = cli("topics", "reassign", other, "0", "--cancel", "--bootstrap", boot, code=1)
+    assert "no reassignment of this partition is under way" in failed
+    failed = cli("topics", "reassign", other, "1", "--replicas", "1,9", "--bootstrap", boot, code=1)
+    assert "broker 9 is not a live gateway" in failed
+    assert "not needed" in cli("topics", "elect", other, "0", "--bootstrap", boot)
+    assert cli("topics", "elect", "--all", "--bootstrap", boot) == "every partition is led by its preferred replica\n"
+
+
+def cli(*args: str, code: int = 0) -> str:
+    """Run `stratalog ARGS`; its stdout, or its stderr when it is expected to fail."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "STRATALOG_BOOTSTRAP"}
+    proc = subprocess.run([sys.executable, "-m", "stratalog.infra.cli", *args], capture_output=True,
+                          timeout=60, env=env)
+    assert proc.returncode == code, (args, proc.stdout.decode(), proc.stderr.decode())
+    return (proc.stdout if code == 0 else proc.stderr).decode()
