@@ -71,14 +71,15 @@ class ReplicaAdmin:
         raise KafkaError(ErrorCode.REQUEST_TIMED_OUT,
                          f"{name}-{partition} changed under each of {CAS_ATTEMPTS} attempts; try again")
 
-    async def reassign(self, name: str, partition: int, replicas: list[int] | None) -> None:
+    async def reassign(self, name: str, partition: int, replicas: list[int] | None,
+                       known: PartitionState | None = None) -> None:
         """Start a reassignment to `replicas` (live gateways, the first preferred), or
         cancel the one under way with None."""
         if replicas is None:
-            await self._change(name, partition, cancel_reassignment)
+            await self._change(name, partition, cancel_reassignment, known)
             return
         target = check_replicas(replicas, self.live_ids(), f"{name}-{partition}")
-        await self._change(name, partition, lambda old: start_reassignment(old, target))
+        await self._change(name, partition, lambda old: start_reassignment(old, target), known)
 
     async def elect(self, name: str, partition: int, election: int,
                     known: PartitionState | None = None) -> None:
@@ -91,6 +92,11 @@ class ReplicaAdmin:
             await self._change(name, partition, lambda old: elect_unclean(old, live), known)
         else:
             raise KafkaError(ErrorCode.INVALID_REQUEST, f"unknown election type {election}")
+
+    async def states(self) -> dict[tuple[str, int], PartitionState]:
+        """Every partition's state by (topic, partition), read at once: a request naming
+        many partitions decides from these, and reads one again only when it changed."""
+        return {(name, p): st for name, p, st in await self.every_partition()}
 
     async def every_partition(self) -> Iterable[tuple[str, int, PartitionState]]:
         """(topic, partition, state) of every partition, by topic name, read at once."""

@@ -322,6 +322,22 @@ def test_assignments_reassignments_and_elections_on_three_gateways(gateway_facto
     assert result[KTopicPartition(topic, 1)] is InvalidReplicationAssignmentError
     assert describe(boot, topic)[1][1] == [3, 1]
 
+    # A reassignment whose added gateway died once it was accepted stays under way: written
+    # here as a gateway writes one, to a broker 9 that is not alive. It is listed with its
+    # adding and removing replicas until cancelled, which restores the replicas before it.
+    async def accepted(store):
+        info = await store.topic(topic)
+        st = (await store.partition_states(info.topic_id))[2]
+        await store.set_partition_state(info.topic_id, 2, start_reassignment(st, (9, 1)), expect_state=st)
+
+    cf.coordinator_call(etcd.url, accepted)
+    assert kp.list_partition_reassignments() == {
+        KTopicPartition(topic, 2): {"replicas": [1, 2, 9], "adding_replicas": [9], "removing_replicas": [2]}}
+    cf.wait_for(lambda: describe(boot, topic)[2][:2] == (1, [1, 2, 9]), what="partition 2 on 1, 2 and 9")
+    assert kp.alter_partition_reassignments({KTopicPartition(topic, 2): None}) == {KTopicPartition(topic, 2): None}
+    assert kp.list_partition_reassignments() == {}
+    cf.wait_for(lambda: describe(boot, topic)[2][:2] == (1, [1, 2]), what="partition 2 back on [1, 2]")
+
     # Gateway 3 stops: its partitions move to their other replica; its preferred
     # leadership is not available until it is back, and then ElectLeaders returns it.
     gws[2].stop()

@@ -32,6 +32,7 @@ async def alter_partition_reassignments(ctx: RequestContext, req):
     if sum(len(t.partitions) for t in req.topics) > MAX_PARTITIONS_PER_REQUEST:
         return {"throttle_time_ms": 0, "error_code": ErrorCode.INVALID_REQUEST,
                 "error_message": _TOO_MANY, "responses": []}
+    known = await broker.replicas.states()
     out = []
     changed = False
     for t in req.topics:
@@ -40,7 +41,8 @@ async def alter_partition_reassignments(ctx: RequestContext, req):
             failure: Exception | None = None
             try:
                 await broker.replicas.reassign(t.name, p.partition_index,
-                                               None if p.replicas is None else list(p.replicas))
+                                               None if p.replicas is None else list(p.replicas),
+                                               known.get((t.name, p.partition_index)))
                 changed = True
             except Exception as e:  # noqa: BLE001 - reported per partition
                 failure = e
@@ -79,7 +81,8 @@ async def elect_leaders(ctx: RequestContext, req):
     else:
         if sum(len(t.partitions) for t in req.topic_partitions) > MAX_PARTITIONS_PER_REQUEST:
             return {"throttle_time_ms": 0, "error_code": ErrorCode.INVALID_REQUEST, "replica_election_results": []}
-        targets = [(t.topic, p, None) for t in req.topic_partitions for p in t.partitions]
+        known = await broker.replicas.states() if allowed else {}
+        targets = [(t.topic, p, known.get((t.topic, p))) for t in req.topic_partitions for p in t.partitions]
     if allowed and election not in (PREFERRED, UNCLEAN):
         top = ErrorCode.INVALID_REQUEST  # each partition says why below
     results: dict[str, list[dict]] = {}
