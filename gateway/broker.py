@@ -88,9 +88,9 @@ class Broker:
                                 offline_reason=self._offline_reason)
         self.admin = TopicAdmin(config, store, self.table, self.engine,
                                 live_ids=lambda: [b.node_id for b in self.live_brokers()],
-                                sync=lambda: self.sync_leadership(wait=True))
+                                sync=lambda: self.sync_leadership(wait=True), live_now=self.live_ids_now)
         self.replicas = ReplicaAdmin(store, self.table, live_ids=lambda: [b.node_id for b in self.live_brokers()],
-                                     settle=self.settle)
+                                     live_now=self.live_ids_now, settle=self.settle)
         self.groups = GroupCoordinator(
             store, initial_rebalance_delay_ms=config["group.initial.rebalance.delay.ms"],
             min_session_timeout_ms=config["group.min.session.timeout.ms"],
@@ -193,6 +193,10 @@ class Broker:
             pending = self.engine.take_leadership(self._assignments(leading=True))
         if wait and pending:
             await asyncio.gather(*pending, return_exceptions=True)
+
+    async def live_ids_now(self) -> list[int]:
+        """The live gateways as the coordinator says now (the membership refreshed)."""
+        return sorted(await self.membership.refresh())
 
     async def settle(self) -> None:
         """After an operator's change: the controller's pass and our leadership sync now,

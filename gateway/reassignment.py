@@ -30,10 +30,11 @@ class ReplicaAdmin:
     """Reassignments and elections on one gateway."""
 
     def __init__(self, store: ClusterStore, topics: TopicTable, *, live_ids: Callable[[], list[int]],
-                 settle: Callable[[], Awaitable[None]]):
+                 live_now: Callable[[], Awaitable[list[int]]], settle: Callable[[], Awaitable[None]]):
         self.store = store
         self.topics = topics
-        self.live_ids = live_ids
+        self.live_ids = live_ids  # as last read: elections, which the controller re-checks
+        self.live_now = live_now  # read now: new replicas, which must be alive
         self.settle = settle
 
     async def _topic(self, name: str, partition: int) -> TopicInfo:
@@ -78,7 +79,7 @@ class ReplicaAdmin:
         if replicas is None:
             await self._change(name, partition, cancel_reassignment, known)
             return
-        target = check_replicas(replicas, self.live_ids(), f"{name}-{partition}")
+        target = check_replicas(replicas, await self.live_now(), f"{name}-{partition}")
         await self._change(name, partition, lambda old: start_reassignment(old, target), known)
 
     async def elect(self, name: str, partition: int, election: int,

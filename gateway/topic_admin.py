@@ -83,12 +83,16 @@ class TopicAdmin:
     """CreateTopics, DeleteTopics, AlterConfigs and CreatePartitions on one gateway."""
 
     def __init__(self, config: BrokerConfig, store: ClusterStore, topics: TopicTable, engine: LogEngine, *,
-                 live_ids: Callable[[], list[int]], sync: Callable[[], Awaitable[None]]):
+                 live_ids: Callable[[], list[int]], sync: Callable[[], Awaitable[None]],
+                 live_now: Callable[[], Awaitable[list[int]]] | None = None):
         self.config = config
         self.store = store
         self.topics = topics
         self.engine = engine
         self.live_ids = live_ids
+        # The live gateways read from the coordinator now: an assignment naming a gateway
+        # that joined since the last membership refresh is not refused for it.
+        self.live_now = live_now
         self.sync = sync
         self._lock = asyncio.Lock()
         self._busy: str | None = None  # the creation under way, for the shutdown log
@@ -122,7 +126,7 @@ class TopicAdmin:
                 raise KafkaError(ErrorCode.INVALID_REQUEST,
                                  "give either replica assignments or a partition count and replication "
                                  "factor (-1 with assignments), not both")
-            manual = check_assignments(assignments, self.live_ids(), range(len(assignments)))
+            manual = check_assignments(assignments, await self._live_now(), range(len(assignments)))
             partitions, replication_factor = len(manual), len(manual[0])
         if partitions == -1:
             partitions = self.config["num.partitions"]
@@ -197,7 +201,8 @@ class TopicAdmin:
                 if len(assignments) != len(new):
                     raise KafkaError(ErrorCode.INVALID_REPLICA_ASSIGNMENT,
                                      f"topic {name!r}: {len(assignments)} assignments for {len(new)} new partitions")
-                manual = check_assignments(zip(new, assignments), self.live_ids(), new, info.replication_factor)
+                manual = check_assignments(zip(new, assignments), await self._live_now(), new,
+                                           info.replication_factor)
             await self._check_cluster_limit(name, total - info.partitions)
             if validate_only:
                 return
@@ -209,6 +214,9 @@ class TopicAdmin:
                 await self.sync()
             finally:
                 self._busy = None
+
+    async def _live_now(self) -> list[int]:
+        return await self.live_now() if self.live_now is not None else self.live_ids()
 
     async def _check_cluster_limit(self, name: str, adding: int) -> None:
         """max.partitions (KIP-578) bounds the partitions of every topic together."""

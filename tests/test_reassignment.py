@@ -398,3 +398,28 @@ def cli(*args: str, code: int = 0) -> str:
                           timeout=60, env=env)
     assert proc.returncode == code, (args, proc.stdout.decode(), proc.stderr.decode())
     return (proc.stdout if code == 0 else proc.stderr).decode()
+
+
+def test_the_preferred_replica_gets_its_leadership_back_by_default(gateway_factory, etcd, tmp_path):
+    """auto.leader.rebalance.enable (the default): a preferred replica that comes back leads
+    again without ElectLeaders, and producers and consumers follow."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    gws = cf.start_cluster(gateway_factory, etcd, tmp_path, 2)
+    boot = cf.bootstrap_of(gws)
+    topic = cf.unique_topic("preferred")
+    admin = AdminClient({"bootstrap.servers": boot, "logger": cf.QUIET})
+    admin.create_topics([NewTopic(topic, 2, replica_assignment=[[2, 1], [1, 2]])])[topic].result(30)
+    cf.wait_for(lambda: cf.try_leaders(boot, topic) == {0: 2, 1: 1}, what="the preferred leaders")
+    before = produce(boot, topic, 2, "before")
+    gws[1].stop()
+    cf.wait_for(lambda: cf.try_leaders(gws[0].bootstrap, topic) == {0: 1, 1: 1}, what="gateway 1 leading both")
+    during = produce(gws[0].bootstrap, topic, 2, "during")
+    gws[1].start(timeout=60)
+    cf.wait_for(lambda: cf.try_leaders(boot, topic) == {0: 2, 1: 1}, what="gateway 2 leading partition 0 again")
+    epoch = describe(boot, topic)
+    assert epoch[0][1] == [2, 1] and epoch[1][1] == [1, 2]
+    after = produce(boot, topic, 2, "after")
+    log = consume_all(boot, topic, 2)
+    for p in range(2):
+        assert log[p] == [v for v in before + during + after if int(v.split(b"-")[1]) == p], p
