@@ -214,8 +214,10 @@ def run_alter(args: argparse.Namespace) -> int:
         for future in futures.values():
             cluster.wait(future, f"cannot alter configs of topic {args.name!r}")
     if args.partitions is not None:
-        futures = admin.create_partitions([NewPartitions(args.name, args.partitions, replica_assignment=assignment)],
-                                          request_timeout=cluster.timeout)
+        # (confluent-kafka refuses replica_assignment=None: give it only with lists.)
+        grow = (NewPartitions(args.name, args.partitions) if assignment is None else
+                NewPartitions(args.name, args.partitions, replica_assignment=assignment))
+        futures = admin.create_partitions([grow], request_timeout=cluster.timeout)
         cluster.wait(futures[args.name], f"cannot add partitions to topic {args.name!r}")
     print(f"altered topic {args.name!r}")
     return 0
