@@ -89,8 +89,7 @@ class Broker:
         self.admin = TopicAdmin(config, store, self.table, self.engine,
                                 live_ids=lambda: [b.node_id for b in self.live_brokers()],
                                 sync=lambda: self.sync_leadership(wait=True), live_now=self.live_ids_now)
-        self.replicas = ReplicaAdmin(store, self.table, live_ids=lambda: [b.node_id for b in self.live_brokers()],
-                                     live_now=self.live_ids_now, settle=self.settle)
+        self.replicas = ReplicaAdmin(store, self.table, live_now=self.live_ids_now, settle=self.settle)
         self.groups = GroupCoordinator(
             store, initial_rebalance_delay_ms=config["group.initial.rebalance.delay.ms"],
             min_session_timeout_ms=config["group.min.session.timeout.ms"],

@@ -10,7 +10,7 @@ when it runs on this gateway (`settle`), else within its next pass.
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable, Iterable
+from typing import Awaitable, Callable, Collection, Iterable
 
 from stratalog.coordinator.model import ClusterStore, Fenced, PartitionState, TopicInfo, UnknownTopic
 
@@ -29,12 +29,13 @@ PREFERRED, UNCLEAN = 0, 1  # ElectLeaders election types
 class ReplicaAdmin:
     """Reassignments and elections on one gateway."""
 
-    def __init__(self, store: ClusterStore, topics: TopicTable, *, live_ids: Callable[[], list[int]],
+    def __init__(self, store: ClusterStore, topics: TopicTable, *,
                  live_now: Callable[[], Awaitable[list[int]]], settle: Callable[[], Awaitable[None]]):
         self.store = store
         self.topics = topics
-        self.live_ids = live_ids  # as last read: elections, which the controller re-checks
-        self.live_now = live_now  # read now: new replicas, which must be alive
+        # The live gateways read from the coordinator now, not as the membership last read
+        # them: a gateway that just came back (or stopped) counts as such at once.
+        self.live_now = live_now
         self.settle = settle
 
     async def _topic(self, name: str, partition: int) -> TopicInfo:
@@ -82,11 +83,11 @@ class ReplicaAdmin:
         target = check_replicas(replicas, await self.live_now(), f"{name}-{partition}")
         await self._change(name, partition, lambda old: start_reassignment(old, target), known)
 
-    async def elect(self, name: str, partition: int, election: int,
+    async def elect(self, name: str, partition: int, election: int, live: Collection[int],
                     known: PartitionState | None = None) -> None:
-        """ElectLeaders for one partition; ELECTION_NOT_NEEDED, PREFERRED_LEADER_NOT_AVAILABLE
-        and ELIGIBLE_LEADERS_NOT_AVAILABLE as Kafka answers them."""
-        live = set(self.live_ids())
+        """ElectLeaders for one partition, `live` being the live gateways (`live_now`);
+        ELECTION_NOT_NEEDED, PREFERRED_LEADER_NOT_AVAILABLE and ELIGIBLE_LEADERS_NOT_AVAILABLE
+        as Kafka answers them."""
         if election == PREFERRED:
             await self._change(name, partition, lambda old: elect_preferred(old, live), known)
         elif election == UNCLEAN:

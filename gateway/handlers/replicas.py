@@ -85,6 +85,7 @@ async def elect_leaders(ctx: RequestContext, req):
         targets = [(t.topic, p, known.get((t.topic, p))) for t in req.topic_partitions for p in t.partitions]
     if allowed and election not in (PREFERRED, UNCLEAN):
         top = ErrorCode.INVALID_REQUEST  # each partition says why below
+    live = set(await broker.replicas.live_now()) if allowed and targets else set()
     results: dict[str, list[dict]] = {}
     changed = False
     for name, p, known in targets:
@@ -95,7 +96,7 @@ async def elect_leaders(ctx: RequestContext, req):
             continue
         failure: Exception | None = None
         try:
-            await broker.replicas.elect(name, p, election, known)
+            await broker.replicas.elect(name, p, election, live, known)
             changed = True
         except Exception as e:  # noqa: BLE001 - reported per partition
             failure = e
