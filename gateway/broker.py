@@ -199,9 +199,13 @@ class Broker:
 
     async def settle(self) -> None:
         """After an operator's change: the controller's pass and our leadership sync now,
-        when we are the controller (others see it within their next tick)."""
-        if await self.controller.run_once():
-            await self.sync_leadership()
+        when we are the controller (others see it within their next tick). The change is
+        already stored: a failure here only leaves it to the next tick."""
+        try:
+            if await self.controller.run_once():
+                await self.sync_leadership()
+        except Exception as e:  # noqa: BLE001 - coordinator outage: the cluster loop retries
+            log.warning("applying an operator's change now failed, the next pass will: %s", e)
 
     async def tail_replicas(self) -> None:
         """Keep the partitions we replicate warm; lagging ones leave our ISR membership."""

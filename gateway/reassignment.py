@@ -73,14 +73,14 @@ class ReplicaAdmin:
         raise KafkaError(ErrorCode.REQUEST_TIMED_OUT,
                          f"{name}-{partition} changed under each of {CAS_ATTEMPTS} attempts; try again")
 
-    async def reassign(self, name: str, partition: int, replicas: list[int] | None,
+    async def reassign(self, name: str, partition: int, replicas: list[int] | None, live: Collection[int],
                        known: PartitionState | None = None) -> None:
-        """Start a reassignment to `replicas` (live gateways, the first preferred), or
-        cancel the one under way with None."""
+        """Start a reassignment to `replicas` (gateways in `live`, read by `live_now`; the
+        first preferred), or cancel the one under way with None."""
         if replicas is None:
             await self._change(name, partition, cancel_reassignment, known)
             return
-        target = check_replicas(replicas, await self.live_now(), f"{name}-{partition}")
+        target = check_replicas(replicas, live, f"{name}-{partition}")
         await self._change(name, partition, lambda old: start_reassignment(old, target), known)
 
     async def elect(self, name: str, partition: int, election: int, live: Collection[int],

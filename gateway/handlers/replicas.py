@@ -33,6 +33,7 @@ async def alter_partition_reassignments(ctx: RequestContext, req):
         return {"throttle_time_ms": 0, "error_code": ErrorCode.INVALID_REQUEST,
                 "error_message": _TOO_MANY, "responses": []}
     known = await broker.replicas.states()
+    live = await broker.replicas.live_now()
     out = []
     changed = False
     for t in req.topics:
@@ -41,7 +42,7 @@ async def alter_partition_reassignments(ctx: RequestContext, req):
             failure: Exception | None = None
             try:
                 await broker.replicas.reassign(t.name, p.partition_index,
-                                               None if p.replicas is None else list(p.replicas),
+                                               None if p.replicas is None else list(p.replicas), live,
                                                known.get((t.name, p.partition_index)))
                 changed = True
             except Exception as e:  # noqa: BLE001 - reported per partition
