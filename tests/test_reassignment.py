@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import replace
 
 import cluster_fixtures as cf
 import pytest
@@ -195,6 +196,25 @@ def test_partition_state_writes_compare_and_set(tmp_path):
                 await store.set_partition_state(info.topic_id, 0, stale, expect_epoch=0, expect_state=read)
             [now] = (await store.partition_states(info.topic_id)).values()
             assert now == operator and now.adding == (3,) and now.removing == (1,)
+        finally:
+            await store.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.unit
+def test_an_assignment_outlives_the_partition_going_offline(tmp_path):
+    from stratalog.engine.offline import mark_offline
+
+    async def run():
+        store = KVClusterStore(EmbeddedKV(tmp_path / "coord"))
+        try:
+            info = await store.create_topic("t", 1, 2, {}, assigned_states({0: (2, 1)}))
+            assert await mark_offline(store, info.topic_id, 0, 0, "bad CRC")
+            st = (await store.partition_states(info.topic_id))[0]
+            assert (st.leader, st.offline, st.assigned) == (-1, "bad CRC", (2, 1))
+            recovered = decide_partition(info, 0, replace(st, offline=""), [1, 2], no_lagging)
+            assert (recovered.leader, recovered.replicas) == (2, (2, 1))
         finally:
             await store.close()
 
