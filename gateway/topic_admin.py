@@ -135,7 +135,8 @@ class TopicAdmin:
         if partitions < 1:
             raise KafkaError(ErrorCode.INVALID_PARTITIONS, f"partitions must be at least 1, not {partitions}")
         live = self.live_ids()
-        if replication_factor < 1 or replication_factor > len(live):
+        # (An assignment was checked against the live set read just now, which may be newer.)
+        if manual is None and (replication_factor < 1 or replication_factor > len(live)):
             raise KafkaError(ErrorCode.INVALID_REPLICATION_FACTOR,
                              f"replication factor {replication_factor} with {len(live)} live gateway(s)")
         configs = self.check_topic_configs(configs)
