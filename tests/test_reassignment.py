@@ -354,6 +354,9 @@ def test_assignments_reassignments_and_elections_on_three_gateways(gateway_facto
     assert kp.list_partition_reassignments() == {
         KTopicPartition(topic, 2): {"replicas": [1, 2, 9], "adding_replicas": [9], "removing_replicas": [2]}}
     cf.wait_for(lambda: describe(boot, topic)[2][:2] == (1, [1, 2, 9]), what="partition 2 on 1, 2 and 9")
+    listed = cli("topics", "reassignments", topic, "--bootstrap", boot).splitlines()
+    assert listed[0].split() == ["TOPIC", "PARTITION", "REPLICAS", "ADDING", "REMOVING"]
+    assert listed[1].split() == [topic, "2", "1,2,9", "9", "2"]
     assert kp.alter_partition_reassignments({KTopicPartition(topic, 2): None}) == {KTopicPartition(topic, 2): None}
     assert kp.list_partition_reassignments() == {}
     cf.wait_for(lambda: describe(boot, topic)[2][:2] == (1, [1, 2]), what="partition 2 back on [1, 2]")
