@@ -8,7 +8,8 @@ Keyspace (one key per topic, partition, segment or WAL object, never per batch):
     controller                                   -> broker id                     (leased)
     topics/<name>                                -> TopicInfo
     partitions/<topic_id>/<p>                    -> PartitionState (leader, epoch, replicas, isr,
-                                                    offline reason)
+                                                    offline reason, operator's assignment and
+                                                    reassignment under way)
     logs/<topic_id>/<p>                          -> LogState (log start offset, producer snapshot)
     segments/<topic_id>/<p>/<base:020>           -> SegmentEntry
     wal/<gateway_id>/<seq:020>                   -> WalObject (its ranges)
@@ -59,6 +60,17 @@ class PartitionState:
     # An offline partition has no leader and the controller gives it none: only an
     # operator's `stratalog partitions recover` clears it (stratalog.engine.offline).
     offline: str = ""
+    # An operator's replica assignment (CreateTopics/CreatePartitions assignments or a
+    # reassignment), first the preferred leader; empty: the controller places replicas.
+    assigned: tuple[int, ...] = ()
+    # A reassignment under way (AlterPartitionReassignments): replicas being added to and
+    # removed from the partition; `replicas` holds both sides until it completes.
+    adding: tuple[int, ...] = ()
+    removing: tuple[int, ...] = ()
+
+    @property
+    def reassigning(self) -> bool:
+        return bool(self.adding or self.removing)
 
 
 @dataclass(frozen=True)
@@ -182,8 +194,11 @@ class ClusterStore(Protocol):
         """Leader, epoch, replicas and ISR of every partition of a topic."""
 
     async def set_partition_state(self, topic_id: uuid.UUID, partition: int,
-                                  state: PartitionState, expect_epoch: int | None = None) -> None:
-        """Controller write; with expect_epoch, Fenced unless the stored epoch matches."""
+                                  state: PartitionState, expect_epoch: int | None = None,
+                                  expect_state: PartitionState | None = None) -> None:
+        """Controller or operator write; with expect_epoch, Fenced unless the stored epoch
+        matches; with expect_state, Fenced unless the stored state is still that one (a
+        compare-and-set: the controller and an operator's change cannot undo each other)."""
 
     async def log_state(self, topic_id: uuid.UUID, partition: int) -> LogState:
         """Log start offset and high watermark."""

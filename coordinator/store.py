@@ -22,7 +22,8 @@ KEYSPACE_VERSION. 0.1.0 wrote no such key, so a keyspace without it is version 1
 marks an unmarked keyspace. Additions that older readers ignore (a new field in a JSON
 value, a new key outside the prefixes they read) need no bump: a WAL entry's `format`
 (the WAL object's format version, absent: 1) is one, a partition state's `offline`
-(the reason it is offline, absent while it serves) another.
+(the reason it is offline, absent while it serves) another, its `assigned`, `adding` and
+`removing` (an operator's replica assignment, absent when the controller places it) more.
 
 The epoch key exists so a commit can be fenced by a value compare: ISR-only changes rewrite
 `partitions/<topic_id>/<p>` without touching it, so they never fence a leader.
@@ -113,6 +114,10 @@ def _state_json(s: PartitionState) -> bytes:
                          "replicas": list(s.replicas), "isr": list(s.isr)}
     if s.offline:
         d["offline"] = s.offline  # absent while serving: older readers ignore it
+    # Absent unless an operator assigned replicas: older readers ignore them.
+    for name in ("assigned", "adding", "removing"):
+        if getattr(s, name):
+            d[name] = list(getattr(s, name))
     return _dumps(d)
 
 
@@ -121,7 +126,8 @@ def _state(key: str, value: bytes) -> PartitionState:
     try:
         return PartitionState(int(d["leader"]), int(d["leader_epoch"]),
                               tuple(int(x) for x in d["replicas"]),
-                              tuple(int(x) for x in d["isr"]), str(d.get("offline") or ""))
+                              tuple(int(x) for x in d["isr"]), str(d.get("offline") or ""),
+                              *(tuple(int(x) for x in d.get(name, ())) for name in ("assigned", "adding", "removing")))
     except _BAD as e:
         raise CoordinatorError(f"corrupt partition state at {key}: {e!r}") from None
 
@@ -730,11 +736,23 @@ class KVClusterStore:
         return None
 
     async def set_partition_state(self, topic_id: uuid.UUID, partition: int,
-                                  state: PartitionState, expect_epoch: int | None = None) -> None:
+                                  state: PartitionState, expect_epoch: int | None = None,
+                                  expect_state: PartitionState | None = None) -> None:
         ekey = self._epoch_key(topic_id, partition)
+        pkey = self._part_key(topic_id, partition)
         while True:
             got = await self.kv.get(ekey)
             current = _int(ekey, got[0]) if got else None
+            compares = [mod_is(ekey, got[1] if got else 0)]
+            if expect_state is not None:
+                # Compared decoded, then pinned by the key's revision: a value written by
+                # another release may encode the same state differently.
+                stored = await self.kv.get(pkey)
+                if stored is None:
+                    raise UnknownTopic(f"{topic_id}/{partition}")
+                if _state(pkey, stored[0]) != expect_state:
+                    raise Fenced(f"{topic_id}/{partition}: partition state changed since it was read")
+                compares.append(mod_is(pkey, stored[1]))
             if expect_epoch is not None:
                 if current is None:
                     raise UnknownTopic(f"{topic_id}/{partition}")
@@ -744,10 +762,10 @@ class KVClusterStore:
             if current is not None and state.leader_epoch < current:
                 raise ValueError(f"{topic_id}/{partition}: leader epoch cannot go back from "
                                  f"{current} to {state.leader_epoch}")
-            ops: list[Op] = [Put(self._part_key(topic_id, partition), _state_json(state))]
+            ops: list[Op] = [Put(pkey, _state_json(state))]
             if current != state.leader_epoch:
                 ops += [Put(ekey, _dumps(state.leader_epoch)), self._generation_bump()]
-            if await self.kv.txn([mod_is(ekey, got[1] if got else 0)], ops):
+            if await self.kv.txn(compares, ops):
                 return
 
     async def _epoch_mismatches(self, epochs: dict[TP, int]) -> list[str]:

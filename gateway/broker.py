@@ -26,6 +26,7 @@ from .auth.oauth import JwtValidator
 from .cluster import BrokerAddress, Controller, Membership, coordinator_index
 from .config import BrokerConfig
 from .groups import GroupCoordinator
+from .reassignment import ReplicaAdmin
 from .topic_admin import TopicAdmin, TopicTable
 from .transactions import MarkerWriter, TransactionCoordinator
 
@@ -79,7 +80,7 @@ class Broker:
         self.cluster_id = ""
         self.table = TopicTable()
         self.membership = Membership(store, self.address, ttl_s=lease_ttl_s)
-        self.controller = Controller(store, self.membership)
+        self.controller = Controller(store, self.membership, rebalance=config["auto.leader.rebalance.enable"])
         self._sync_lock = asyncio.Lock()
         self.engine = LogEngine(EngineSettings.from_config(config), node_id=node_id, data_dir=data_dir,
                                 store=store, objects=objects, topic_info=lambda name: self.table.by_name.get(name),
@@ -87,7 +88,8 @@ class Broker:
                                 offline_reason=self._offline_reason)
         self.admin = TopicAdmin(config, store, self.table, self.engine,
                                 live_ids=lambda: [b.node_id for b in self.live_brokers()],
-                                sync=lambda: self.sync_leadership(wait=True))
+                                sync=lambda: self.sync_leadership(wait=True), live_now=self.live_ids_now)
+        self.replicas = ReplicaAdmin(store, self.table, live_now=self.live_ids_now, settle=self.settle)
         self.groups = GroupCoordinator(
             store, initial_rebalance_delay_ms=config["group.initial.rebalance.delay.ms"],
             min_session_timeout_ms=config["group.min.session.timeout.ms"],
@@ -190,6 +192,20 @@ class Broker:
             pending = self.engine.take_leadership(self._assignments(leading=True))
         if wait and pending:
             await asyncio.gather(*pending, return_exceptions=True)
+
+    async def live_ids_now(self) -> list[int]:
+        """The live gateways as the coordinator says now (the membership refreshed)."""
+        return sorted(await self.membership.refresh())
+
+    async def settle(self) -> None:
+        """After an operator's change: the controller's pass and our leadership sync now,
+        when we are the controller (others see it within their next tick). The change is
+        already stored: a failure here only leaves it to the next tick."""
+        try:
+            if await self.controller.run_once():
+                await self.sync_leadership()
+        except Exception as e:  # noqa: BLE001 - coordinator outage: the cluster loop retries
+            log.warning("applying an operator's change now failed, the next pass will: %s", e)
 
     async def tail_replicas(self) -> None:
         """Keep the partitions we replicate warm; lagging ones leave our ISR membership."""

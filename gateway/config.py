@@ -119,6 +119,7 @@ BROKER_SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("num.partitions", 1, _int32, "Partitions of an auto-created topic.", 1),
     _s("default.replication.factor", 1, _int32, "Replication factor of an auto-created topic.", 1),
     _s("auto.create.topics.enable", True, _bool, "Create a topic when a client asks for its metadata or produces to it."),
+    _s("auto.leader.rebalance.enable", True, _bool, "The controller gives a partition with assigned replicas back to its preferred replica once that one is alive again; false: only ElectLeaders does."),
     _s("max.partitions", 2**31 - 1, _int32, "Partitions the whole cluster may hold (KIP-578's name); a creation past it is refused with POLICY_VIOLATION.", 1),
     _s("message.max.bytes", 1048588, _int32, "Largest record batch a topic accepts (topic: max.message.bytes).", 0),
     _s("socket.request.max.bytes", 100 * MiB, _int32, "Largest request frame; larger frames close the connection.", 1),

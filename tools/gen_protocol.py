@@ -30,6 +30,7 @@ API_NAMES = [
     "DescribeUserScramCredentials", "AlterUserScramCredentials",
     "AddPartitionsToTxn", "AddOffsetsToTxn", "EndTxn", "TxnOffsetCommit",
     "DescribeTransactions", "ListTransactions",
+    "ElectLeaders", "AlterPartitionReassignments", "ListPartitionReassignments",
 ]
 HEADERS = ["RequestHeader", "ResponseHeader"]
 DATA = ["ConsumerProtocolSubscription", "ConsumerProtocolAssignment"]

@@ -31,14 +31,16 @@ async def create_topics(ctx: RequestContext, req):
         try:
             if not may_create(ctx, t.name):
                 raise refusal(Operation.CREATE, ResourceType.TOPIC, t.name)
-            if t.assignments:
-                raise KafkaError(ErrorCode.INVALID_REQUEST, "manual replica assignments are not supported")
             configs = {c.name: c.value for c in t.configs}
-            count = max(t.num_partitions if t.num_partitions != -1 else broker.config["num.partitions"], 0)
+            if t.assignments:
+                count = len(t.assignments)
+            else:
+                count = max(t.num_partitions if t.num_partitions != -1 else broker.config["num.partitions"], 0)
             budget.take(count, t.name)
+            assignments = [(a.partition_index, list(a.broker_ids)) for a in t.assignments] or None
             try:
                 info = await broker.admin.create_topic(t.name, t.num_partitions, t.replication_factor, configs,
-                                                       validate_only=req.validate_only)
+                                                       validate_only=req.validate_only, assignments=assignments)
             except Exception:
                 budget.give_back(count)
                 raise
@@ -89,10 +91,10 @@ async def create_partitions(ctx: RequestContext, req):
         row = {"name": t.name, "error_code": 0, "error_message": None}
         try:
             ctx.require(Operation.ALTER, ResourceType.TOPIC, t.name)
-            if t.assignments:
-                raise KafkaError(ErrorCode.INVALID_REQUEST, "manual replica assignments are not supported")
             budget.take(max(t.count - (ctx.broker.partition_count(t.name) or 0), 0), t.name)
-            await ctx.broker.admin.add_partitions(t.name, t.count, validate_only=req.validate_only)
+            assignments = None if t.assignments is None else [list(a.broker_ids) for a in t.assignments]
+            await ctx.broker.admin.add_partitions(t.name, t.count, validate_only=req.validate_only,
+                                                  assignments=assignments)
         except Exception as e:  # noqa: BLE001
             row.update(_failure(e))
         out.append(row)
