@@ -1053,6 +1053,58 @@ LIST_TRANSACTIONS_RESPONSE = Schema('ListTransactionsResponse', 0, 1, 0, (
     )),
 ))
 
+DESCRIBE_CLIENT_QUOTAS_REQUEST = Schema('DescribeClientQuotasRequest', 0, 1, 1, (
+    F('components', '[]struct', 0, fields=(
+        F('entity_type', 'string', 0, default=''),
+        F('match_type', 'int8', 0, default=0),
+        F('match', 'string', 0, nullable=(0, 32767), default=''),
+    )),
+    F('strict', 'bool', 0, default=False),
+))
+
+DESCRIBE_CLIENT_QUOTAS_RESPONSE = Schema('DescribeClientQuotasResponse', 0, 1, 1, (
+    F('throttle_time_ms', 'int32', 0, default=0),
+    F('error_code', 'int16', 0, default=0),
+    F('error_message', 'string', 0, nullable=(0, 32767), default=''),
+    F('entries', '[]struct', 0, nullable=(0, 32767), fields=(
+        F('entity', '[]struct', 0, fields=(
+            F('entity_type', 'string', 0, default=''),
+            F('entity_name', 'string', 0, nullable=(0, 32767), default=''),
+        )),
+        F('values', '[]struct', 0, fields=(
+            F('key', 'string', 0, default=''),
+            F('value', 'float64', 0, default=0.0),
+        )),
+    )),
+))
+
+ALTER_CLIENT_QUOTAS_REQUEST = Schema('AlterClientQuotasRequest', 0, 1, 1, (
+    F('entries', '[]struct', 0, fields=(
+        F('entity', '[]struct', 0, fields=(
+            F('entity_type', 'string', 0, default=''),
+            F('entity_name', 'string', 0, nullable=(0, 32767), default=''),
+        )),
+        F('ops', '[]struct', 0, fields=(
+            F('key', 'string', 0, default=''),
+            F('value', 'float64', 0, default=0.0),
+            F('remove', 'bool', 0, default=False),
+        )),
+    )),
+    F('validate_only', 'bool', 0, default=False),
+))
+
+ALTER_CLIENT_QUOTAS_RESPONSE = Schema('AlterClientQuotasResponse', 0, 1, 1, (
+    F('throttle_time_ms', 'int32', 0, default=0),
+    F('entries', '[]struct', 0, fields=(
+        F('error_code', 'int16', 0, default=0),
+        F('error_message', 'string', 0, nullable=(0, 32767), default=''),
+        F('entity', '[]struct', 0, fields=(
+            F('entity_type', 'string', 0, default=''),
+            F('entity_name', 'string', 0, nullable=(0, 32767), default=''),
+        )),
+    )),
+))
+
 
 class ApiKey(IntEnum):
     """The APIs above, by the key a request header carries."""
@@ -1091,6 +1143,8 @@ class ApiKey(IntEnum):
     DELETE_GROUPS = 42
     INCREMENTAL_ALTER_CONFIGS = 44
     OFFSET_DELETE = 47
+    DESCRIBE_CLIENT_QUOTAS = 48
+    ALTER_CLIENT_QUOTAS = 49
     DESCRIBE_USER_SCRAM_CREDENTIALS = 50
     ALTER_USER_SCRAM_CREDENTIALS = 51
     DESCRIBE_CLUSTER = 60
@@ -1136,6 +1190,8 @@ APIS: dict[int, tuple[str, Schema, Schema]] = {
     ApiKey.DELETE_GROUPS: ('DeleteGroups', DELETE_GROUPS_REQUEST, DELETE_GROUPS_RESPONSE),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: ('IncrementalAlterConfigs', INCREMENTAL_ALTER_CONFIGS_REQUEST, INCREMENTAL_ALTER_CONFIGS_RESPONSE),
     ApiKey.OFFSET_DELETE: ('OffsetDelete', OFFSET_DELETE_REQUEST, OFFSET_DELETE_RESPONSE),
+    ApiKey.DESCRIBE_CLIENT_QUOTAS: ('DescribeClientQuotas', DESCRIBE_CLIENT_QUOTAS_REQUEST, DESCRIBE_CLIENT_QUOTAS_RESPONSE),
+    ApiKey.ALTER_CLIENT_QUOTAS: ('AlterClientQuotas', ALTER_CLIENT_QUOTAS_REQUEST, ALTER_CLIENT_QUOTAS_RESPONSE),
     ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: ('DescribeUserScramCredentials', DESCRIBE_USER_SCRAM_CREDENTIALS_REQUEST, DESCRIBE_USER_SCRAM_CREDENTIALS_RESPONSE),
     ApiKey.ALTER_USER_SCRAM_CREDENTIALS: ('AlterUserScramCredentials', ALTER_USER_SCRAM_CREDENTIALS_REQUEST, ALTER_USER_SCRAM_CREDENTIALS_RESPONSE),
     ApiKey.DESCRIBE_CLUSTER: ('DescribeCluster', DESCRIBE_CLUSTER_REQUEST, DESCRIBE_CLUSTER_RESPONSE),
