@@ -3,7 +3,7 @@
 import importlib
 
 _MODULES = ("api_versions", "metadata", "produce", "fetch", "list_offsets", "admin",
-            "transactions", "groups", "offsets", "sasl", "acls")
+            "transactions", "groups", "offsets", "sasl", "acls", "quotas")
 
 
 def load_handlers() -> None:
