@@ -1,13 +1,17 @@
 """Client quotas: Kafka's entity precedence, the sampled rate and the throttle time it
 gives, KIP-599's token bucket, the quota handlers' checks and authorization (in process,
 fake clocks); then real gateways and clients: a producer and a consumer held to their
-byte rates and told so through throttle_time_ms, and a quota set through one gateway of three
-limiting a producer on another."""
+byte rates and told so through throttle_time_ms, a quota set through one gateway of three
+limiting a producer on another, and CreateTopics/CreatePartitions/DeleteTopics refused
+with THROTTLING_QUOTA_EXCEEDED past controller_mutation_rate."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 import time
+import uuid
 from types import SimpleNamespace
 
 import pytest
@@ -20,6 +24,7 @@ from stratalog.gateway.handlers.registry import HANDLERS, RequestContext
 from stratalog.gateway.protocol.catalog import ApiKey
 from stratalog.gateway.protocol.schema import Message
 from stratalog.gateway.protocol.error_codes import ErrorCode
+from stratalog.gateway.protocol.frames import decode_response, encode_request
 from stratalog.gateway.quotas import ClientQuotas
 from stratalog.gateway.quotas.manager import SWEEP_EVERY
 from stratalog.gateway.quotas.rate import TokenBucket, WindowedRate
@@ -313,3 +318,75 @@ def test_a_quota_set_through_one_gateway_limits_a_producer_on_another(gateway_fa
     rate, throttles = produce_for(gws[2].bootstrap, "cluster-q", "anyone", MEASURED_S, partition=partition)
     assert abs(rate - rate_limit) <= 0.1 * rate_limit, rate
     assert throttles
+
+
+# ---- KIP-599 -----------------------------------------------------------------------------------
+
+class Raw:
+    """One connection speaking chosen API versions through the project's codec."""
+
+    def __init__(self, bootstrap: str, client_id: str):
+        host, port = bootstrap.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=30)
+        self.client_id = client_id
+        self.correlation = 0
+
+    def call(self, api: ApiKey, version: int, body: dict):
+        self.correlation += 1
+        self.sock.sendall(encode_request(api, version, self.correlation, body, client_id=self.client_id))
+        (size,) = struct.unpack(">i", self._read(4))
+        return decode_response(api, version, self._read(size))[1]
+
+    def _read(self, n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            assert chunk, "the gateway closed the connection"
+            buf += chunk
+        return buf
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def new_topic(name: str, partitions: int) -> dict:
+    return {"name": name, "num_partitions": partitions, "replication_factor": 1, "assignments": [], "configs": []}
+
+
+def create(raw: Raw, version: int, *topics: dict):
+    return raw.call(ApiKey.CREATE_TOPICS, version, {"topics": list(topics), "timeout_ms": 30000,
+                                                    "validate_only": False})
+
+
+def test_controller_mutations_past_the_quota_are_refused_or_throttled(gateway):
+    b = gateway.bootstrap
+    set_quota(b, "--client-id", "mutator", config="controller_mutation_rate=1")  # a burst of 11
+    raw = Raw(b, "mutator")
+    got = create(raw, 7, new_topic("m1", 8), new_topic("m2", 8), new_topic("m3", 1))
+    codes = {t.name: t.error_code for t in got.topics}
+    # Strict (v6+): m2 is admitted while the budget is not yet spent (3 left), m3 is refused.
+    assert codes == {"m1": 0, "m2": 0, "m3": ErrorCode.THROTTLING_QUOTA_EXCEEDED}
+    assert 3000 <= got.throttle_time_ms <= 6000  # 5 partitions below zero at 1/s
+    raw.close()
+    other = Raw(b, "mutator")  # a new connection is not muted; the client's budget is the same
+    grow = other.call(ApiKey.CREATE_PARTITIONS, 3, {"topics": [{"name": "m1", "count": 9, "assignments": None}],
+                                                    "timeout_ms": 30000, "validate_only": False})
+    assert grow.results[0].error_code == ErrorCode.THROTTLING_QUOTA_EXCEEDED and grow.throttle_time_ms > 0
+    other.close()
+    third = Raw(b, "mutator")
+    gone = third.call(ApiKey.DELETE_TOPICS, 6, {"topics": [{"name": "m1", "topic_id": uuid.UUID(int=0)}],
+                                                "timeout_ms": 30000})
+    assert gone.responses[0].error_code == ErrorCode.THROTTLING_QUOTA_EXCEEDED
+    third.close()
+    # Permissive (CreateTopics v5): done, then throttled.
+    old = Raw(b, "mutator")
+    late = create(old, 5, new_topic("m4", 2))
+    assert late.topics[0].error_code == 0 and late.throttle_time_ms > 0
+    old.close()
+    names = set(AdminClient({"bootstrap.servers": b}).list_topics(timeout=30).topics)
+    assert {"m1", "m2", "m4"} <= names and "m3" not in names
+    assert metric(gateway, "stratalog_quota_throttle_time_ms", 'quota="controller_mutation"') > 0
+    # Another client id is not limited.
+    free = Raw(b, "someone-else")
+    assert create(free, 7, new_topic("m5", 20)).topics[0].error_code == 0
+    free.close()
