@@ -210,6 +210,8 @@ from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from cluster_fixtures import etcd, leaders, start_cluster  # noqa: E402,F401
 from stratalog.infra.cli import main as cli  # noqa: E402
+from conftest import GatewayProcess  # noqa: E402
+from stratalog.infra.processes import free_port  # noqa: E402
 
 # Kafka's rate spans quota.window.num windows of a second (11 by default) and lets an idle
 # client send up to 10 s of its quota at once; a client then at its limit sends the rest
@@ -224,14 +226,14 @@ def set_quota(bootstrap: str, *entity: str, config: str) -> None:
     assert cli(["quotas", "alter", *entity, "--add-config", config, "--bootstrap", bootstrap]) == 0
 
 
-def produce_for(bootstrap: str, topic: str, client_id: str, seconds: float, partition: int = -1):
+def produce_for(bootstrap: str, topic: str, client_id: str, seconds: float, partition: int = -1, **conf):
     """Produce as fast as the gateway lets us; (bytes acknowledged per second over the first
     `seconds` from the first send, the throttle times librdkafka reported)."""
     throttles: list[float] = []
     acked: list[tuple[float, int]] = []
     p = Producer({"bootstrap.servers": bootstrap, "client.id": client_id, "linger.ms": 5,
                   "batch.size": 65536, "queue.buffering.max.kbytes": 2048,
-                  "throttle_cb": lambda e: throttles.append(e.throttle_time)})
+                  "throttle_cb": lambda e: throttles.append(e.throttle_time), **conf})
 
     def delivered(err, msg):
         if err is None:
@@ -269,6 +271,41 @@ def test_a_producer_is_held_to_its_byte_rate_and_told_so(gateway):
     # Another client id has no quota: it is not throttled.
     fast, none = produce_for(gateway.bootstrap, "pq", "free-producer", 2)
     assert fast > rate_limit and not none
+
+
+def test_user_quotas_follow_the_sasl_principal(tmp_path):
+    """The user of a quota is the authenticated principal's name: alice is throttled, bob
+    (same client id, no quota of his own) is not."""
+    data = tmp_path / "sasl-data"
+    passwords = {"alice": "alice-pw-1", "bob": "bob-pw-1"}
+    for user, password in passwords.items():
+        assert cli(["users", "add", user, "--password", password, "--mechanism", "SCRAM-SHA-256",
+                    "--data-dir", str(data)]) == 0
+    gw = GatewayProcess(data)
+    sasl_port = free_port()
+    gw.settings["listeners"] = f"PLAINTEXT://127.0.0.1:{gw.port},SASL_PLAINTEXT://127.0.0.1:{sasl_port}"
+    gw.start()
+    try:
+        quotas_by_principal(gw.bootstrap, f"127.0.0.1:{sasl_port}", passwords)
+    finally:
+        gw.stop()
+
+
+def quotas_by_principal(plain: str, sasl: str, passwords: dict[str, str]) -> None:
+    set_quota(plain, "--user", "alice", config="producer_byte_rate=100000")
+    admin = AdminClient({"bootstrap.servers": plain})
+    admin.create_topics([NewTopic("uq", 1)])["uq"].result(30)
+
+    def as_user(user: str) -> dict:
+        return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256",
+                "sasl.username": user, "sasl.password": passwords[user],
+                "queue.buffering.max.kbytes": 256}  # little left to flush at 100 kB/s
+
+    # 10 s of alice's quota pass before she is throttled; she sends more in 3 s.
+    _, alice = produce_for(sasl, "uq", "shared-id", 3, **as_user("alice"))
+    _, bob = produce_for(sasl, "uq", "shared-id", 3, **as_user("bob"))
+    assert alice and max(alice) > 0
+    assert not bob
 
 
 def test_a_consumer_is_held_to_its_byte_rate_and_told_so(gateway):
@@ -390,3 +427,30 @@ def test_controller_mutations_past_the_quota_are_refused_or_throttled(gateway):
     free = Raw(b, "someone-else")
     assert create(free, 7, new_topic("m5", 20)).topics[0].error_code == 0
     free.close()
+
+
+def test_request_percentage_throttles_and_mutes_the_connection(gateway):
+    """0.05% of the event loop: some tens of Metadata requests spend it. A KIP-219 client
+    (Metadata v12) gets throttle_time_ms at once and its next request waits out the mute;
+    an older one (v5) gets its answer held back by the throttle time."""
+    b = gateway.bootstrap
+    set_quota(b, "--client-id", "chatty", config="request_percentage=0.05")
+    raw = Raw(b, "chatty")
+    body = {"topics": None, "allow_auto_topic_creation": False}
+    throttle_ms = 0
+    for _ in range(20_000):
+        throttle_ms = raw.call(ApiKey.METADATA, 12, body).throttle_time_ms
+        if throttle_ms:
+            break
+    assert 0 < throttle_ms <= 11_000
+    started = time.monotonic()
+    raw.call(ApiKey.METADATA, 12, body)
+    assert time.monotonic() - started >= 0.5 * throttle_ms / 1000  # muted meanwhile
+    raw.close()
+    old = Raw(b, "chatty")
+    started = time.monotonic()
+    held = old.call(ApiKey.METADATA, 5, body)
+    assert held.throttle_time_ms > 0
+    assert time.monotonic() - started >= 0.5 * held.throttle_time_ms / 1000
+    old.close()
+    assert metric(gateway, "stratalog_quota_throttle_time_ms", 'quota="request"') > 0

@@ -103,8 +103,6 @@ async def _read_all(broker, req, version: int, readable, quota_bytes: int | None
                 entry["records"] = data
                 total += len(data)
                 remaining -= len(data)
-                if broker.metrics is not None:
-                    broker.metrics.fetched(name, len(data))
         responses.append({"topic": name if name is not None else t.get("topic", ""),
                           "topic_id": topic_id, "partitions": parts})
     return responses, total
@@ -145,9 +143,15 @@ async def _long_poll(ctx, req, version, responses, total, readable, quota_bytes)
 def _answer(ctx: RequestContext, responses, total: int) -> dict:
     """The response, or an empty one when its bytes would take the client over its
     consumer_byte_rate (those bytes are then not counted)."""
-    quotas = ctx.broker.quotas
+    broker = ctx.broker
+    quotas = broker.quotas
     throttle_ms = quotas.record(CONSUMER_BYTE_RATE, ctx.principal, ctx.client_id, total)
     if throttle_ms <= 0:
+        if broker.metrics is not None:
+            for t in responses:
+                for p in t["partitions"]:
+                    if p["records"]:
+                        broker.metrics.fetched(t["topic"], len(p["records"]))
         return _body(responses)
     quotas.unrecord(CONSUMER_BYTE_RATE, ctx.principal, ctx.client_id, total)
     ctx.throttle(throttle_ms)

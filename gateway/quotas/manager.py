@@ -50,13 +50,14 @@ class ClientQuotas:
         self.throttled_ms: dict[str, int] = {kind: 0 for kind in KINDS.values()}  # metrics
         self.throttled: dict[str, int] = {kind: 0 for kind in KINDS.values()}
         self._task: asyncio.Task | None = None
-        self._loaded = asyncio.Event()
 
     # ---- following the coordinator ----------------------------------------------------
 
     async def start(self) -> None:
+        """Load the quotas (a coordinator error is raised, for the start to retry), then
+        follow their changes."""
+        await self.reload()
         self._task = asyncio.create_task(self._follow(), name="quota-watch")
-        await self._loaded.wait()
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -72,7 +73,6 @@ class ClientQuotas:
             try:
                 watch = await self.store.watch_client_quotas()
                 await self.reload()  # after the watch exists: no change falls in between
-                self._loaded.set()
                 async for _ in watch:
                     await self.reload()
             except asyncio.CancelledError:
