@@ -454,3 +454,23 @@ def test_request_percentage_throttles_and_mutes_the_connection(gateway):
     assert time.monotonic() - started >= 0.5 * held.throttle_time_ms / 1000
     old.close()
     assert metric(gateway, "stratalog_quota_throttle_time_ms", 'quota="request"') > 0
+
+
+def test_stratalog_quotas_alters_describes_and_refuses_bad_input(gateway, capsys):
+    b = ["--bootstrap", gateway.bootstrap]
+    assert cli(["quotas", "alter", "--user", "alice", "--add-config",
+                "producer_byte_rate=1024,consumer_byte_rate=2048", *b]) == 0
+    assert cli(["quotas", "alter", "--user-default", "--client-id", "c1", "--add-config",
+                "controller_mutation_rate=2", *b]) == 0
+    assert cli(["quotas", "alter", "--user", "alice", "--delete-config", "consumer_byte_rate", *b]) == 0
+    capsys.readouterr()
+    assert cli(["quotas", "describe", *b]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert rows == [["<default>", "c1", "controller_mutation_rate", "2"], ["alice", "producer_byte_rate", "1024"]]
+    assert cli(["quotas", "describe", "--user", "alice", "--strict", *b]) == 0
+    assert "controller_mutation_rate" not in capsys.readouterr().out
+    assert cli(["quotas", "alter", "--user", "alice", "--add-config", "bogus=1", *b]) == 2
+    assert "unknown quota 'bogus'" in capsys.readouterr().err
+    assert cli(["quotas", "alter", "--client-id", "x", "--add-config", "request_percentage=-1", *b]) == 1
+    assert "must be a positive number" in capsys.readouterr().err
+    assert cli(["quotas", "alter", "--add-config", "request_percentage=1", *b]) == 2  # no entity
