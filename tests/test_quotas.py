@@ -179,11 +179,12 @@ def test_alter_and_describe_check_entities_values_and_acls(tmp_path):
             alter_entry([("user", "x")], bogus=1),                           # unknown quota
             alter_entry([("user", "y")], request_percentage=-5),             # not positive
             alter_entry([("user", "z"), ("user", "w")], producer_byte_rate=1),  # type twice
+            alter_entry([("client-id", "x" * 2000)], producer_byte_rate=1),  # name too long
         ], validate_only=False)
         refused = await alter(ctx(ApiKey.ALTER_CLIENT_QUOTAS, "User:bob"), req)
         assert {e["error_code"] for e in refused["entries"]} == {ErrorCode.CLUSTER_AUTHORIZATION_FAILED}
         got = await alter(ctx(ApiKey.ALTER_CLIENT_QUOTAS, "User:admin"), req)
-        assert [e["error_code"] for e in got["entries"]] == [0, 0] + [ErrorCode.INVALID_REQUEST] * 4
+        assert [e["error_code"] for e in got["entries"]] == [0, 0] + [ErrorCode.INVALID_REQUEST] * 5
         # In force on this gateway at once (no wait for the watch).
         assert quotas.quotas[(("user", "alice"),)] == {PRODUCER_BYTE_RATE: 1024.0}
 

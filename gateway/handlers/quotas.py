@@ -4,11 +4,16 @@ gateway follows them through a watch (`gateway.quotas.manager`)."""
 
 from __future__ import annotations
 
+import logging
+
 from stratalog.gateway.auth.acls import CLUSTER_NAME, Operation, ResourceType
+from stratalog.gateway.errors import error_code, error_message
 from stratalog.gateway.protocol.error_codes import ErrorCode
 from stratalog.gateway.quotas.rules import ENTITY_TYPES, Entity, InvalidQuota, check_entity, check_value
 
 from .registry import ApiKey, RequestContext, handles
+
+log = logging.getLogger(__name__)
 
 MATCH_EXACT, MATCH_DEFAULT, MATCH_SPECIFIED = 0, 1, 2
 MAX_ALTER_ENTRIES = 1000  # entities one AlterClientQuotas may change (each is a coordinator write)
@@ -89,18 +94,24 @@ async def alter_client_quotas(ctx: RequestContext, req):
                         raise InvalidQuota(f"quota {op.key!r} is changed twice")
                     check_value(op.key, 1.0 if op.remove else op.value)
                     changes[op.key] = None if op.remove else op.value
-                if ent in (x[0] for x in valid):
+                if any(ent == x[0] for x in valid):
                     raise InvalidQuota("the entity appears more than once in the request")
             except InvalidQuota as err:
                 code, message = ErrorCode.INVALID_REQUEST, str(err)
+        row = {"error_code": code, "error_message": message,
+               "entity": [{"entity_type": c.entity_type, "entity_name": c.entity_name} for c in e.entity]}
         if code == 0:
-            valid.append((ent, changes))
-        results.append({"error_code": code, "error_message": message,
-                        "entity": [{"entity_type": c.entity_type, "entity_name": c.entity_name} for c in e.entity]})
-    if not req.validate_only:
-        for ent, changes in valid:
-            if changes:
-                await ctx.broker.store.alter_client_quota(ent, changes)
-        if valid:
+            valid.append((ent, changes, row))
+        results.append(row)
+    if not req.validate_only and valid:
+        for ent, changes, row in valid:
+            try:
+                if changes:
+                    await ctx.broker.store.alter_client_quota(ent, changes)
+            except Exception as err:  # noqa: BLE001 - the coordinator's refusal, reported per entity
+                row.update(error_code=error_code(err), error_message=error_message(err))
+        try:
             await ctx.broker.quotas.reload()  # in force here at once; elsewhere by the watch
+        except Exception as err:  # noqa: BLE001 - stored all the same: the watch brings them here too
+            log.warning("%s: reloading client quotas failed: %s", ctx, err)
     return {"throttle_time_ms": 0, "entries": results}

@@ -71,6 +71,9 @@ def applicable(quotas: Mapping[Entity, Mapping[str, float]], key: str, user: str
     return None
 
 
+MAX_NAME_BYTES = 1024  # an entity name: it becomes part of a coordinator key
+
+
 class InvalidQuota(ValueError):
     """An entity or quota value AlterClientQuotas must refuse (INVALID_REQUEST)."""
 
@@ -83,9 +86,11 @@ def check_entity(ent: Entity) -> None:
         raise InvalidQuota("the entity names no entity type")
     if len(set(types)) != len(types):
         raise InvalidQuota(f"entity type {types[0]!r} appears more than once")
-    for t in types:
+    for t, name in ent:
         if t not in ENTITY_TYPES:
             raise InvalidQuota(f"unknown entity type {t!r}; this gateway supports user and client-id")
+        if name is not None and len(name.encode()) > MAX_NAME_BYTES:
+            raise InvalidQuota(f"a {t} name is longer than {MAX_NAME_BYTES} bytes")
 
 
 def check_value(key: str, value: float) -> None:
