@@ -257,9 +257,10 @@ class GatewayServer:
         finally:
             serving.reset(token)
         quotas = getattr(self.broker, "quotas", None)
-        if quotas is not None and req.api_key not in BEFORE_AUTHENTICATION:
+        if quotas is not None and req.api_key not in BEFORE_AUTHENTICATION and result is not NO_RESPONSE:
             # request_percentage: the share of the event loop's time this client's requests
-            # take, in percent of a second per second (Kafka: of one request thread's time).
+            # take, in percent of a second per second (Kafka: of one request thread's time);
+            # like Kafka, not for acks=0 produce requests, which have no answer to carry it.
             ctx.throttle(quotas.record(REQUEST_PERCENTAGE, session.principal, req.client_id,
                                        timed.seconds * 100))
         # Only the header goes into the queue: the request body (a produce request's records

@@ -118,7 +118,9 @@ class ClientQuotas:
         now = self.clock()
         sensor.record(value, now)
         self._maybe_sweep(now)
-        # Kafka caps a throttle at the whole quota window: past it the rate is measured afresh.
+        # A throttle lasts at most the whole quota window (Kafka bounds only the request
+        # quota's so): a client still over its quota then is throttled again on its next
+        # request, and no single request mutes a connection for hours.
         return self._throttle_ms(key, min(sensor.throttle_s(quota, now), self.samples * self.window_s))
 
     def unrecord(self, key: str, principal: str, client_id: str | None, value: float) -> None:
