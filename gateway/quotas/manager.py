@@ -25,8 +25,8 @@ log = logging.getLogger(__name__)
 MAX_THROTTLE_MS = 2**31 - 1  # the protocol's int32
 SWEEP_EVERY = 1024  # recordings between two sweeps of idle counters
 
-# The quota types as metrics name them.
 CONSUMER = rules.CONSUMER_BYTE_RATE
+# The quota types as metrics name them.
 KINDS = {rules.PRODUCER_BYTE_RATE: "produce", rules.CONSUMER_BYTE_RATE: "fetch",
          rules.REQUEST_PERCENTAGE: "request", rules.CONTROLLER_MUTATION_RATE: "controller_mutation"}
 
@@ -37,6 +37,9 @@ def user_of(principal: str) -> str:
 
 
 class ClientQuotas:
+    """The quotas in force here and the usage counted against them; `record` returns the
+    throttle time a request earns."""
+
     def __init__(self, store, *, samples: int, window_s: float, mutation_samples: int,
                  mutation_window_s: float, clock: Callable[[], float] = time.monotonic):
         self.store = store
