@@ -15,6 +15,7 @@ Keyspace (one key per topic, partition, segment or WAL object, never per batch):
     wal/<gateway_id>/<seq:020>                   -> WalObject (its ranges)
     groups/<group>/offsets/<topic>/<p>           -> CommittedOffset
     producer_ids/next                            -> next free producer id block start
+    client_quotas/<type>=<name>[/<type>=<name>]  -> ClientQuota values (KIP-546 entities)
 
 Every mutation that makes data visible is fenced: `commit_wal` and `commit_segment` take
 the leader epoch the writer believes it holds for each partition and fail with `Fenced`
@@ -157,6 +158,20 @@ class AclBinding:
     permission: int
 
 
+@dataclass(frozen=True)
+class ClientQuota:
+    """The quotas set for one client-quota entity (KIP-546).
+
+    `entity` is ((entity type, name), ...) sorted by type, where a name of None is the
+    type's default (`<default>`): (("client-id", None), ("user", "alice")) is alice's
+    default for every client id. `values` maps quota names (producer_byte_rate, ...) to
+    their values; what the names mean is the gateway's business, not the coordinator's.
+    """
+
+    entity: tuple[tuple[str, str | None], ...]
+    values: dict[str, float]
+
+
 class ClusterStore(Protocol):
     """What the gateway and tools ask of the coordinator. Every method is a coroutine."""
 
@@ -263,3 +278,12 @@ class ClusterStore(Protocol):
     # --- producer ids -----------------------------------------------------------------
     async def allocate_producer_ids(self, count: int) -> int:
         """Reserve `count` consecutive producer ids; returns the first."""
+
+    # --- client quotas ----------------------------------------------------------------
+    async def client_quotas(self) -> list[ClientQuota]:
+        """Every entity with quotas set."""
+
+    async def alter_client_quota(self, entity: tuple[tuple[str, str | None], ...],
+                                 changes: dict[str, float | None]) -> None:
+        """Set (a value) or remove (None) quotas of one entity, atomically; an entity left
+        with none is forgotten."""

@@ -11,6 +11,10 @@ Keys live under `/stratalog/<cluster>/` as model.py lists them, values are compa
     users/<user>/<mechanism>          -> a SCRAM credential (salt, iterations, stored and
                                          server keys, base64): never a password
     acls/<digest>                     -> one ACL binding (digest: SHA-256 of its fields)
+    client_quotas/<type>=<name>/...   -> one client-quota entity's values (ClientQuota):
+                                         components sorted by type, names percent-quoted,
+                                         `<default>` for a type's default (quoting turns a
+                                         name's own `<` into %3C, so they never collide)
     transactions/<transactional id>   -> a transaction's state (coordinator.transactions)
     groups/<group>/txn/<producer id>  -> offsets a transaction committed for the group,
                                          applied to its offsets when it commits
@@ -60,7 +64,7 @@ from stratalog.coordinator.kv import (
     RequestTooLarge, UnsupportedFormat, Watch, absent, exists, mod_is, request_bytes,
     unsupported_version, value_is)
 from stratalog.coordinator.model import (
-    AclBinding, CommittedOffset, Fenced, LogState, PartitionState, ScramCredential, SegmentEntry, TopicExists,
+    AclBinding, ClientQuota, CommittedOffset, Fenced, LogState, PartitionState, ScramCredential, SegmentEntry, TopicExists,
     TopicInfo, UnknownTopic, WalObject, WalRange)
 from stratalog.coordinator.transactions import TxnState
 
@@ -209,6 +213,26 @@ def _acl(key: str, value: bytes) -> AclBinding:
                           str(d["principal"]), str(d["host"]), int(d["operation"]), int(d["permission"]))
     except _BAD as e:
         raise CoordinatorError(f"corrupt ACL at {key}: {e!r}") from None
+
+
+_DEFAULT_NAME = "<default>"
+
+
+def _quota_rel(entity: tuple[tuple[str, str | None], ...]) -> str:
+    return "/".join(f"{_q(t)}={_DEFAULT_NAME if n is None else _q(n)}" for t, n in sorted(entity))
+
+
+def _quota_json(q: ClientQuota) -> bytes:
+    return _dumps({"entity": [list(c) for c in q.entity], "values": q.values})
+
+
+def _quota(key: str, value: bytes) -> ClientQuota:
+    d = _loads(key, value)
+    try:
+        entity = tuple(sorted((str(t), None if n is None else str(n)) for t, n in d["entity"]))
+        return ClientQuota(entity, {str(k): float(v) for k, v in d["values"].items()})
+    except _BAD as e:
+        raise CoordinatorError(f"corrupt client quota at {key}: {e!r}") from None
 
 
 def _int(key: str, value: bytes) -> int:
@@ -556,6 +580,34 @@ class KVClusterStore:
     async def watch_acls(self) -> Watch:
         """Changes to the ACLs, from now on (read `acls()` after making the watch)."""
         return await self.kv.watch_prefix(self._k("acls/"))
+
+    # --- client quotas --------------------------------------------------------------------
+
+    def _quota_key(self, entity: tuple[tuple[str, str | None], ...]) -> str:
+        return self._k("client_quotas/" + _quota_rel(entity))
+
+    async def client_quotas(self) -> list[ClientQuota]:
+        return [_quota(k, v) for k, v, _ in await self.kv.range(self._k("client_quotas/"))]
+
+    async def alter_client_quota(self, entity: tuple[tuple[str, str | None], ...],
+                                 changes: dict[str, float | None]) -> None:
+        entity = tuple(sorted(entity))
+        key = self._quota_key(entity)
+        while True:  # read, change, write unless someone else wrote it in between
+            got = await self.kv.get(key)
+            values = dict(_quota(key, got[0]).values) if got else {}
+            for name, value in changes.items():
+                if value is None:
+                    values.pop(name, None)
+                else:
+                    values[name] = float(value)
+            op: Op = Put(key, _quota_json(ClientQuota(entity, values))) if values else Delete(key)
+            if await self.kv.txn([mod_is(key, got[1] if got else 0)], [op]):
+                return
+
+    async def watch_client_quotas(self) -> Watch:
+        """Changes to client quotas, from now on (read `client_quotas()` after making it)."""
+        return await self.kv.watch_prefix(self._k("client_quotas/"))
 
     # --- topics --------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from .auth.oauth import JwtValidator
 from .cluster import BrokerAddress, Controller, Membership, coordinator_index
 from .config import BrokerConfig
 from .groups import GroupCoordinator
+from .quotas import ClientQuotas
 from .reassignment import ReplicaAdmin
 from .topic_admin import TopicAdmin, TopicTable
 from .transactions import MarkerWriter, TransactionCoordinator
@@ -72,6 +73,10 @@ class Broker:
         self.authorizer = (Authorizer(store, super_users=parse_super_users(config["super.users"]),
                                       allow_if_no_acl=config["allow.everyone.if.no.acl.found"])
                            if config["authorizer.class.name"] else None)
+        self.quotas = ClientQuotas(store, samples=config["quota.window.num"],
+                                   window_s=config["quota.window.size.seconds"],
+                                   mutation_samples=config["controller.quota.window.num"],
+                                   mutation_window_s=config["controller.quota.window.size.seconds"])
         self.data_dir = data_dir
         self.store = store
         self.objects = objects
@@ -123,6 +128,7 @@ class Broker:
         await self._starting("load topics", self._load_topics)
         if self.authorizer is not None:
             await self._starting("load the ACLs", self.authorizer.start)
+        await self._starting("load the client quotas", self.quotas.start)
         await self._starting("register", self.membership.start)
         await self._starting("start the WAL", self.engine.start)
         await self.groups.start()
@@ -147,6 +153,7 @@ class Broker:
         await self.groups.stop()
         if self.authorizer is not None:
             await self.authorizer.stop()
+        await self.quotas.stop()
         await self.membership.stop()
         await self.objects.close()
         return abandoned

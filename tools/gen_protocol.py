@@ -29,7 +29,7 @@ API_NAMES = [
     "DescribeProducers", "DescribeAcls", "CreateAcls", "DeleteAcls",
     "DescribeUserScramCredentials", "AlterUserScramCredentials",
     "AddPartitionsToTxn", "AddOffsetsToTxn", "EndTxn", "TxnOffsetCommit",
-    "DescribeTransactions", "ListTransactions",
+    "DescribeTransactions", "ListTransactions", "DescribeClientQuotas", "AlterClientQuotas",
     "ElectLeaders", "AlterPartitionReassignments", "ListPartitionReassignments",
 ]
 HEADERS = ["RequestHeader", "ResponseHeader"]

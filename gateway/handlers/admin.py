@@ -1,5 +1,12 @@
 """Topic administration: CreateTopics, DeleteTopics, CreatePartitions, DescribeConfigs,
-AlterConfigs, IncrementalAlterConfigs and DeleteRecords."""
+AlterConfigs, IncrementalAlterConfigs and DeleteRecords.
+
+The first three count the partitions they create or delete against the client's
+controller_mutation_rate (KIP-599): from CreateTopics v6, CreatePartitions v3 and
+DeleteTopics v5 on, a topic asked for while the client's budget is spent is refused with
+THROTTLING_QUOTA_EXCEEDED (strict: the client knows to retry it); older versions get
+everything done and are throttled afterwards (permissive). Either way the answer carries
+the throttle time. Validate-only requests change nothing and count nothing."""
 
 from __future__ import annotations
 
@@ -16,6 +23,36 @@ TOPIC, BROKER = 2, 4
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 
 
+class _MutationQuota:
+    """One request's view of the client's controller_mutation_rate."""
+
+    def __init__(self, ctx: RequestContext, strict_from: int, counted: bool = True):
+        self.ctx = ctx
+        self.strict = ctx.version >= strict_from
+        self.counted = counted
+
+    def check(self) -> None:
+        """Refuse the next topic while the budget is spent (strict versions only)."""
+        if not (self.strict and self.counted):
+            return
+        ms = self.ctx.broker.quotas.mutation_throttle_ms(self.ctx.principal, self.ctx.client_id)
+        if ms > 0:
+            raise KafkaError(ErrorCode.THROTTLING_QUOTA_EXCEEDED,
+                             f"controller_mutation_rate exceeded: retry in {ms} ms")
+
+    def took(self, partitions: int) -> None:
+        if self.counted:
+            self.ctx.broker.quotas.record_mutations(self.ctx.principal, self.ctx.client_id, partitions)
+
+    def finish(self) -> int:
+        """The throttle time the answer carries (0 while within the quota)."""
+        quotas = self.ctx.broker.quotas
+        ms = quotas.mutation_throttle_ms(self.ctx.principal, self.ctx.client_id) if self.counted else 0
+        if ms > 0:
+            self.ctx.throttle(quotas.mutation_throttled(ms))
+        return ms
+
+
 def _failure(e: Exception) -> dict:
     return {"error_code": error_code(e), "error_message": error_message(e)}
 
@@ -25,10 +62,12 @@ async def create_topics(ctx: RequestContext, req):
     broker = ctx.broker
     out = []
     budget = PartitionBudget()
+    quota = _MutationQuota(ctx, strict_from=6, counted=not req.validate_only)
     for t in req.topics:
         row = {"name": t.name, "error_code": 0, "error_message": None}
         count = 0
         try:
+            quota.check()
             if not may_create(ctx, t.name):
                 raise refusal(Operation.CREATE, ResourceType.TOPIC, t.name)
             configs = {c.name: c.value for c in t.configs}
@@ -46,6 +85,7 @@ async def create_topics(ctx: RequestContext, req):
                 raise
             rows = config_describe.topic(broker.config, info.configs, None, include_synonyms=False,
                                           include_documentation=False)
+            quota.took(info.partitions)
             row.update(topic_id=info.topic_id, num_partitions=info.partitions,
                        replication_factor=info.replication_factor,
                        configs=[{k: c[k] for k in ("name", "value", "read_only", "config_source", "is_sensitive")}
@@ -53,7 +93,7 @@ async def create_topics(ctx: RequestContext, req):
         except Exception as e:  # noqa: BLE001 - reported per topic
             row.update(_failure(e))
         out.append(row)
-    return {"throttle_time_ms": 0, "topics": out}
+    return {"throttle_time_ms": quota.finish(), "topics": out}
 
 
 @handles(ApiKey.DELETE_TOPICS, 0, 6)
@@ -64,9 +104,11 @@ async def delete_topics(ctx: RequestContext, req):
     else:
         targets = [(n, None) for n in req.topic_names]
     out = []
+    quota = _MutationQuota(ctx, strict_from=5)
     for name, topic_id in targets:
         row = {"name": name, "topic_id": topic_id, "error_code": 0, "error_message": None}
         try:
+            quota.check()
             if name is None:
                 info = broker.topics_by_id.get(topic_id)
                 if info is None:
@@ -77,28 +119,33 @@ async def delete_topics(ctx: RequestContext, req):
             if info is not None:
                 row["topic_id"] = info.topic_id
             await broker.admin.delete_topic(name)
+            quota.took(info.partitions if info is not None else 0)
         except Exception as e:  # noqa: BLE001
             row.update(_failure(e))
         out.append(row)
-    return {"throttle_time_ms": 0, "responses": out}
+    return {"throttle_time_ms": quota.finish(), "responses": out}
 
 
 @handles(ApiKey.CREATE_PARTITIONS, 0, 3)
 async def create_partitions(ctx: RequestContext, req):
     out = []
     budget = PartitionBudget()
+    quota = _MutationQuota(ctx, strict_from=3, counted=not req.validate_only)
     for t in req.topics:
         row = {"name": t.name, "error_code": 0, "error_message": None}
         try:
+            quota.check()
             ctx.require(Operation.ALTER, ResourceType.TOPIC, t.name)
-            budget.take(max(t.count - (ctx.broker.partition_count(t.name) or 0), 0), t.name)
+            added = max(t.count - (ctx.broker.partition_count(t.name) or 0), 0)
+            budget.take(added, t.name)
             assignments = None if t.assignments is None else [list(a.broker_ids) for a in t.assignments]
             await ctx.broker.admin.add_partitions(t.name, t.count, validate_only=req.validate_only,
                                                   assignments=assignments)
+            quota.took(added)
         except Exception as e:  # noqa: BLE001
             row.update(_failure(e))
         out.append(row)
-    return {"throttle_time_ms": 0, "results": out}
+    return {"throttle_time_ms": quota.finish(), "results": out}
 
 
 @handles(ApiKey.DESCRIBE_CONFIGS, 0, 4)

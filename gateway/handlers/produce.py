@@ -19,6 +19,7 @@ from stratalog.engine.errors import EngineError, InvalidRecord
 from stratalog.gateway.auth.acls import Operation, ResourceType
 from stratalog.gateway.errors import error_code, error_message
 from stratalog.gateway.protocol.error_codes import ErrorCode
+from stratalog.gateway.quotas.rules import PRODUCER_BYTE_RATE
 from stratalog.tiering.batch import HEADER_SIZE, BatchHeader
 
 from .registry import NO_RESPONSE, ApiKey, Deferred, RequestContext, handles
@@ -77,6 +78,9 @@ async def produce(ctx: RequestContext, req):
                 waits.append((resp, wait))
         responses.append({"name": t.name, "partition_responses": parts})
     body = {"responses": responses, "throttle_time_ms": 0}
+    # producer_byte_rate counts the whole request, as Kafka does; the batches are kept and
+    # the answer (or, for acks=0, the connection) carries the throttle.
+    ctx.throttle(broker.quotas.record(PRODUCER_BYTE_RATE, ctx.principal, ctx.client_id, ctx.request_bytes))
     if req.acks == 0:
         return NO_RESPONSE
     if req.acks == 1 or not waits:

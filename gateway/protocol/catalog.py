@@ -1053,6 +1053,58 @@ LIST_TRANSACTIONS_RESPONSE = Schema('ListTransactionsResponse', 0, 1, 0, (
     )),
 ))
 
+DESCRIBE_CLIENT_QUOTAS_REQUEST = Schema('DescribeClientQuotasRequest', 0, 1, 1, (
+    F('components', '[]struct', 0, fields=(
+        F('entity_type', 'string', 0, default=''),
+        F('match_type', 'int8', 0, default=0),
+        F('match', 'string', 0, nullable=(0, 32767), default=''),
+    )),
+    F('strict', 'bool', 0, default=False),
+))
+
+DESCRIBE_CLIENT_QUOTAS_RESPONSE = Schema('DescribeClientQuotasResponse', 0, 1, 1, (
+    F('throttle_time_ms', 'int32', 0, default=0),
+    F('error_code', 'int16', 0, default=0),
+    F('error_message', 'string', 0, nullable=(0, 32767), default=''),
+    F('entries', '[]struct', 0, nullable=(0, 32767), fields=(
+        F('entity', '[]struct', 0, fields=(
+            F('entity_type', 'string', 0, default=''),
+            F('entity_name', 'string', 0, nullable=(0, 32767), default=''),
+        )),
+        F('values', '[]struct', 0, fields=(
+            F('key', 'string', 0, default=''),
+            F('value', 'float64', 0, default=0.0),
+        )),
+    )),
+))
+
+ALTER_CLIENT_QUOTAS_REQUEST = Schema('AlterClientQuotasRequest', 0, 1, 1, (
+    F('entries', '[]struct', 0, fields=(
+        F('entity', '[]struct', 0, fields=(
+            F('entity_type', 'string', 0, default=''),
+            F('entity_name', 'string', 0, nullable=(0, 32767), default=''),
+        )),
+        F('ops', '[]struct', 0, fields=(
+            F('key', 'string', 0, default=''),
+            F('value', 'float64', 0, default=0.0),
+            F('remove', 'bool', 0, default=False),
+        )),
+    )),
+    F('validate_only', 'bool', 0, default=False),
+))
+
+ALTER_CLIENT_QUOTAS_RESPONSE = Schema('AlterClientQuotasResponse', 0, 1, 1, (
+    F('throttle_time_ms', 'int32', 0, default=0),
+    F('entries', '[]struct', 0, fields=(
+        F('error_code', 'int16', 0, default=0),
+        F('error_message', 'string', 0, nullable=(0, 32767), default=''),
+        F('entity', '[]struct', 0, fields=(
+            F('entity_type', 'string', 0, default=''),
+            F('entity_name', 'string', 0, nullable=(0, 32767), default=''),
+        )),
+    )),
+))
+
 ELECT_LEADERS_REQUEST = Schema('ElectLeadersRequest', 0, 2, 2, (
     F('election_type', 'int8', 1, default=0),
     F('topic_partitions', '[]struct', 0, nullable=(0, 32767), fields=(
@@ -1164,6 +1216,8 @@ class ApiKey(IntEnum):
     ALTER_PARTITION_REASSIGNMENTS = 45
     LIST_PARTITION_REASSIGNMENTS = 46
     OFFSET_DELETE = 47
+    DESCRIBE_CLIENT_QUOTAS = 48
+    ALTER_CLIENT_QUOTAS = 49
     DESCRIBE_USER_SCRAM_CREDENTIALS = 50
     ALTER_USER_SCRAM_CREDENTIALS = 51
     DESCRIBE_CLUSTER = 60
@@ -1212,6 +1266,8 @@ APIS: dict[int, tuple[str, Schema, Schema]] = {
     ApiKey.ALTER_PARTITION_REASSIGNMENTS: ('AlterPartitionReassignments', ALTER_PARTITION_REASSIGNMENTS_REQUEST, ALTER_PARTITION_REASSIGNMENTS_RESPONSE),
     ApiKey.LIST_PARTITION_REASSIGNMENTS: ('ListPartitionReassignments', LIST_PARTITION_REASSIGNMENTS_REQUEST, LIST_PARTITION_REASSIGNMENTS_RESPONSE),
     ApiKey.OFFSET_DELETE: ('OffsetDelete', OFFSET_DELETE_REQUEST, OFFSET_DELETE_RESPONSE),
+    ApiKey.DESCRIBE_CLIENT_QUOTAS: ('DescribeClientQuotas', DESCRIBE_CLIENT_QUOTAS_REQUEST, DESCRIBE_CLIENT_QUOTAS_RESPONSE),
+    ApiKey.ALTER_CLIENT_QUOTAS: ('AlterClientQuotas', ALTER_CLIENT_QUOTAS_REQUEST, ALTER_CLIENT_QUOTAS_RESPONSE),
     ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: ('DescribeUserScramCredentials', DESCRIBE_USER_SCRAM_CREDENTIALS_REQUEST, DESCRIBE_USER_SCRAM_CREDENTIALS_RESPONSE),
     ApiKey.ALTER_USER_SCRAM_CREDENTIALS: ('AlterUserScramCredentials', ALTER_USER_SCRAM_CREDENTIALS_REQUEST, ALTER_USER_SCRAM_CREDENTIALS_RESPONSE),
     ApiKey.DESCRIBE_CLUSTER: ('DescribeCluster', DESCRIBE_CLUSTER_REQUEST, DESCRIBE_CLUSTER_RESPONSE),

@@ -31,6 +31,7 @@ COMMANDS = (
     "stratalog.infra.cli.transactions",
     "stratalog.infra.cli.users",
     "stratalog.infra.cli.acls",
+    "stratalog.infra.cli.quotas",
     "stratalog.infra.cli.segments",
     "stratalog.infra.cli.cluster",
     "stratalog.infra.cli.compact",
