@@ -1,0 +1,377 @@
+"""`stratalog coordinator backup|restore`: the coordinator is lost (the embedded database
+deleted, or etcd's keys wiped), restored from a backup, and the gateways serve exactly what
+was acknowledged at the backup, read back by a real client; epochs and the producer-id
+allocator moved forward; a partition whose objects are gone is not served as if whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+
+from stratalog.coordinator.backup import FORMAT_VERSION, Backup, CorruptBackup, decode, encode
+from stratalog.coordinator.kv import UnsupportedFormat
+from stratalog.engine.restore import EPOCH_MARGIN, PRODUCER_ID_MARGIN
+from stratalog.infra.cli import main
+
+from cluster_fixtures import (QUIET, coordinator_call, etcd, moto_s3,  # noqa: F401  (fixtures)
+                              start_cluster, wait_for)
+
+ck = pytest.importorskip("confluent_kafka", reason="confluent-kafka is not installed")
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition  # noqa: E402
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
+
+# ---- the file format -----------------------------------------------------------------------
+
+def _sample() -> Backup:
+    return Backup("default", str(uuid.uuid4()), 1, 42, 1_700_000_000_000,
+                  [("cluster_id", b'"x"'), ("topics/t", b'{"a":1}'), ("weird\nkey", bytes(range(256)))])
+
+
+@pytest.mark.unit
+def test_backup_file_round_trips_every_key_and_the_header():
+    backup = _sample()
+    data = encode(backup)
+    assert data.startswith(f"STRATALOG-COORDINATOR-BACKUP {FORMAT_VERSION}\n".encode())
+    got = decode(data, "b.backup")
+    assert got == Backup(backup.cluster, backup.cluster_id, 1, 42, 1_700_000_000_000, sorted(backup.keys))
+
+
+@pytest.mark.unit
+def test_backup_file_refuses_a_newer_version_before_reading_on():
+    data = encode(_sample()).replace(b"BACKUP 1\n", b"BACKUP 2\n", 1)
+    with pytest.raises(UnsupportedFormat) as refused:
+        decode(data, "b.backup")
+    assert str(refused.value) == ("coordinator backup b.backup has format version 2; this Stratalog "
+                                  "reads version 1: upgrade the gateway")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("damage", ["flip", "truncate", "drop_end", "not_a_backup", "empty"])
+def test_backup_file_refuses_damage_as_a_whole(damage):
+    data = bytearray(encode(_sample()))
+    if damage == "flip":
+        data[data.index(b'"k":"topics/t"') + 6] ^= 0x01
+    elif damage == "truncate":
+        data = data[: len(data) // 2]
+    elif damage == "drop_end":
+        data = data[: data.rindex(b"\n", 0, len(data) - 1) + 1]
+    elif damage == "not_a_backup":
+        data = bytearray(b"SQLite format 3\x00" + bytes(100))
+    else:
+        data = bytearray()
+    with pytest.raises(CorruptBackup):
+        decode(bytes(data), "b.backup")
+
+
+# ---- helpers -------------------------------------------------------------------------------
+
+def _produce(bootstrap: str, topic: str, records: list[tuple[int, bytes, bytes, list]]) -> None:
+    """Produce (partition, key, value, headers) with acks=all, one flush per record, so each
+    lands in its own WAL object and segments fill record by record."""
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+                         "linger.ms": 0, "logger": QUIET})
+    errors: list = []
+    for p, k, v, h in records:
+        producer.produce(topic, v, k, partition=p, headers=h,
+                         on_delivery=lambda err, msg: errors.append(err) if err else None)
+        assert producer.flush(30) == 0
+    assert not errors, errors
+
+
+def _read_all(bootstrap: str, topic: str, partitions: list[int], ends: dict[int, int]) -> dict:
+    """Every record of the partitions up to `ends` (exclusive), as (offset, key, value, headers)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4().hex[:6]}",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest", "logger": QUIET})
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+    got: dict[int, list] = {p: [] for p in partitions}
+    try:
+        def done():
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                got[msg.partition()].append((msg.offset(), msg.key(), msg.value(), msg.headers() or []))
+            return all(len(got[p]) >= ends[p] for p in partitions)
+        wait_for(done, timeout=60, what=f"records of {topic}", interval=0)
+    finally:
+        consumer.close()
+    return got
+
+
+def _commit(bootstrap: str, group: str, topic: str, offsets: dict[int, int]) -> None:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+                         "logger": QUIET})
+    try:
+        consumer.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
+    finally:
+        consumer.close()
+
+
+def _committed(bootstrap: str, group: str, topic: str, partitions: list[int]) -> dict[int, int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+                         "logger": QUIET})
+    try:
+        return {tp.partition: tp.offset
+                for tp in consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=30)}
+    finally:
+        consumer.close()
+
+
+def _store_call(coordinator: str | None, data_dir: Path, fn):
+    from stratalog.coordinator import open_coordinator
+
+    async def run():
+        store = open_coordinator(coordinator, data_dir)
+        try:
+            return await fn(store)
+        finally:
+            await store.close()
+    return asyncio.run(run())
+
+
+async def _partition_view(store) -> dict:
+    """Per partition of every topic: epoch, segments and unsealed WAL object keys."""
+    out = {}
+    for info in (await store.topics()).values():
+        states = await store.partition_states(info.topic_id)
+        for p in range(info.partitions):
+            out[(info.name, p)] = (states[p], await store.segments(info.topic_id, p),
+                                   [k for k, _ in await store.wal_ranges(info.topic_id, p, 0)],
+                                   await store.log_state(info.topic_id, p))
+    return out
+
+
+def _records(n: int, partitions: int, size: int = 300) -> list:
+    return [(i % partitions, f"k{i}".encode(), f"v{i}-".encode() + b"x" * size,
+             [("h", f"{i}".encode()), ("dup", b"1"), ("dup", b"2")]) for i in range(n)]
+
+
+# ---- the embedded coordinator --------------------------------------------------------------
+
+def test_embedded_backup_restore_serves_what_was_acknowledged(gateway_factory, tmp_path, capsys):
+    data_dir = tmp_path / "data"
+    gw = gateway_factory(data_dir=data_dir, settings={"log.segment.bytes": 1400})
+    topic = "orders"
+    admin = AdminClient({"bootstrap.servers": gw.bootstrap, "logger": QUIET})
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+    records = _records(20, 2)  # 10 a partition: two sealed segments, two records in the WAL
+    _produce(gw.bootstrap, topic, records)
+    _commit(gw.bootstrap, "billing", topic, {0: 5, 1: 3})
+    before = _read_all(gw.bootstrap, topic, [0, 1], {0: 10, 1: 10})
+    gw.stop()
+    view = _store_call(None, data_dir, _partition_view)
+    assert all(segs and wal for _, segs, wal, _ in view.values()), view  # sealed and WAL-only both
+    pids_before = _store_call(None, data_dir, lambda s: s.kv.get(s._k("producer_ids/next")))
+
+    backup = tmp_path / "meta.backup"
+    assert main(["coordinator", "backup", str(backup), "--data-dir", str(data_dir)]) == 0
+    assert "backed up cluster default" in capsys.readouterr().out
+
+    # Lose the embedded database, then restore it.
+    for f in data_dir.glob("coordinator.sqlite3*"):
+        f.unlink()
+    assert main(["coordinator", "restore", str(backup), "--data-dir", str(data_dir)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("COMPLETE") == 2 and "OFFLINE" not in out, out
+
+    # A second restore into the now non-empty coordinator is refused, changing nothing.
+    assert main(["coordinator", "restore", str(backup), "--data-dir", str(data_dir)]) == 1
+    assert "a restore goes only into an empty cluster" in capsys.readouterr().err
+
+    restored = _store_call(None, data_dir, _partition_view)
+    for tp, (state, segs, wal, log) in restored.items():
+        old_state, old_segs, old_wal, old_log = view[tp]
+        assert state.leader_epoch == old_state.leader_epoch + EPOCH_MARGIN and state.leader == -1
+        assert (segs, wal, log) == (old_segs, old_wal, old_log)
+    pids_after = _store_call(None, data_dir, lambda s: s.kv.get(s._k("producer_ids/next")))
+    assert json.loads(pids_after[0]) == json.loads(pids_before[0]) + PRODUCER_ID_MARGIN
+
+    gw.start()
+    after = _read_all(gw.bootstrap, topic, [0, 1], {0: 10, 1: 10})
+    assert after == before
+    assert [r[1:] for p in (0, 1) for r in after[p]] == \
+        [(k, v, h) for p in (0, 1) for (pp, k, v, h) in records if pp == p]
+    assert _committed(gw.bootstrap, "billing", topic, [0, 1]) == {0: 5, 1: 3}
+    # The restored cluster takes new writes after the restored ones.
+    _produce(gw.bootstrap, topic, [(0, b"new", b"after", [])])
+    assert _read_all(gw.bootstrap, topic, [0], {0: 11})[0][10][:3] == (10, b"new", b"after")
+
+
+def test_backup_and_restore_refuse_clearly(gateway_factory, tmp_path, capsys):
+    data_dir = tmp_path / "data"
+    gw = gateway_factory(data_dir=data_dir)
+    admin = AdminClient({"bootstrap.servers": gw.bootstrap, "logger": QUIET})
+    admin.create_topics([NewTopic("t", 1, 1)])["t"].result(30)
+    backup = tmp_path / "meta.backup"
+    # The embedded coordinator has one user at a time: the running gateway.
+    assert main(["coordinator", "backup", str(backup), "--data-dir", str(data_dir)]) == 1
+    assert "a gateway is running on" in capsys.readouterr().err
+    gw.stop()
+    assert main(["coordinator", "backup", str(backup), "--data-dir", str(data_dir)]) == 0
+    capsys.readouterr()
+    target = tmp_path / "target"
+    (target / "objects").mkdir(parents=True)
+
+    newer = tmp_path / "newer.backup"
+    newer.write_bytes(backup.read_bytes().replace(b"BACKUP 1\n", b"BACKUP 9\n", 1))
+    assert main(["coordinator", "restore", str(newer), "--data-dir", str(target)]) == 1
+    assert f"coordinator backup {newer} has format version 9; this Stratalog reads version 1: " \
+           "upgrade the gateway" in capsys.readouterr().err
+    corrupt = tmp_path / "corrupt.backup"
+    corrupt.write_bytes(backup.read_bytes().replace(b'"k":"topics/t"', b'"k":"topics/u"'))
+    assert main(["coordinator", "restore", str(corrupt), "--data-dir", str(target)]) == 1
+    assert "SHA-256 does not match" in capsys.readouterr().err
+    assert not (target / "coordinator.sqlite3").exists() or \
+        _store_call(None, target, lambda s: s.kv.range(s.prefix)) == []
+
+    # A target with a running gateway (registered, holding the data directory) is refused.
+    gw.start()
+    assert main(["coordinator", "restore", str(backup), "--data-dir", str(data_dir)]) == 1
+    assert "a gateway is running on" in capsys.readouterr().err
+
+
+# ---- etcd and S3 ---------------------------------------------------------------------------
+
+def test_etcd_backup_while_serving_then_wipe_restore_and_a_missing_object(
+        gateway_factory, etcd, moto_s3, tmp_path, capsys):  # noqa: F811
+    gws = start_cluster(gateway_factory, etcd, tmp_path, 1, s3=moto_s3)
+    bootstrap = gws[0].bootstrap
+    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": QUIET})
+    topic = "events"
+    admin.create_topics([NewTopic(topic, 3, 1)])[topic].result(30)
+    # Partition 2's records are produced on their own, so its WAL objects hold nothing else.
+    records = _records(12, 2, size=50) + [(2, b"lonely", b"only-p2", [])]
+    _produce(bootstrap, topic, records)
+    _commit(bootstrap, "g", topic, {0: 4, 1: 6, 2: 1})
+    before = _read_all(bootstrap, topic, [0, 1, 2], {0: 6, 1: 6, 2: 1})
+
+    backup = tmp_path / "etcd.backup"
+    where = ["--coordinator", etcd.url]
+    assert main(["coordinator", "backup", str(backup), *where]) == 0  # while the gateway runs
+    capsys.readouterr()
+    # Acknowledged after the backup: not part of the recovery point.
+    _produce(bootstrap, topic, [(0, b"late", b"after-backup", [])])
+    _commit(bootstrap, "g", topic, {0: 6})
+
+    async def p2_only_objects(store):
+        info = await store.topic(topic)
+        keys = {p: {k for k, _ in await store.wal_ranges(info.topic_id, p, 0)} for p in range(3)}
+        return sorted(keys[2] - keys[0] - keys[1])
+    lost = coordinator_call(etcd.url, p2_only_objects)
+    assert lost
+    gws[0].kill9()
+    coordinator_call(etcd.url, lambda s: s.kv.delete_prefix(s.prefix))
+    moto_s3.client().delete_objects(Bucket=moto_s3.bucket, Delete={
+        "Objects": [{"Key": f"{moto_s3.prefix}/{k}"} for k in lost]})
+
+    store_args = ["--object-store", moto_s3.url, "--s3-endpoint", moto_s3.endpoint, "--s3-path-style"]
+    assert main(["coordinator", "restore", str(backup), *where, *store_args]) == 0
+    out = capsys.readouterr()
+    assert out.out.count("COMPLETE") == 2 and "OFFLINE" in out.out and lost[0] in out.out, out.out
+    assert "1 partition(s) restored offline" in out.err
+
+    gws[0].start(timeout=60)
+    after = _read_all(bootstrap, topic, [0, 1], {0: 6, 1: 6})
+    assert after == {p: before[p] for p in (0, 1)}  # "late" is past the recovery point
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "x", "logger": QUIET})
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30)
+        assert (low, high) == (0, 6)
+    finally:
+        consumer.close()
+    assert _committed(bootstrap, "g", topic, [0, 1, 2]) == {0: 4, 1: 6, 2: 1}
+
+    # Partition 2 is not served as if whole: offline, with its reason.
+    def p2_error():
+        described = admin.list_topics(topic, timeout=10).topics[topic]
+        md = described.partitions[2]
+        return described.error is None and md.error is not None and md.error.code() == KafkaError.KAFKA_STORAGE_ERROR and md.leader == -1
+    wait_for(p2_error, timeout=30, what="partition 2 offline")
+    states = coordinator_call(etcd.url, lambda s: s.all_partition_states())
+    (by_p,) = states.values()
+    assert lost[0] in by_p[2].offline
+    assert all(st.leader_epoch >= EPOCH_MARGIN for st in by_p.values())
+
+
+def test_restore_rebuilds_a_partition_from_its_manifest(gateway_factory, tmp_path, capsys):
+    """WAL objects collected after their ranges were sealed since the backup: the newest
+    manifest lists segments covering them, so the partition comes back whole, with the
+    records sealed after the backup too."""
+    data_dir = tmp_path / "data"
+    gw = gateway_factory(data_dir=data_dir, settings={"log.segment.bytes": 1400})
+    admin = AdminClient({"bootstrap.servers": gw.bootstrap, "logger": QUIET})
+    admin.create_topics([NewTopic("m", 1, 1)])["m"].result(30)
+    _produce(gw.bootstrap, "m", _records(3, 1))
+    gw.stop()
+    backup = tmp_path / "m.backup"
+    assert main(["coordinator", "backup", str(backup), "--data-dir", str(data_dir)]) == 0
+    wal_at_backup = _store_call(None, data_dir, _partition_view)[("m", 0)][2]
+    assert wal_at_backup
+    gw.start()
+    _produce(gw.bootstrap, "m", _records(12, 1)[3:])  # seals past the backup's WAL ranges
+
+    def collected():
+        return not any((data_dir / "objects" / k).exists() for k in wal_at_backup)
+    wait_for(collected, timeout=60, what="the backup's WAL objects collected")
+    gw.stop()
+    view = _store_call(None, data_dir, _partition_view)[("m", 0)]
+    sealed_end = view[1][-1].last_offset + 1
+    assert sealed_end >= 3
+    for f in data_dir.glob("coordinator.sqlite3*"):
+        f.unlink()
+    capsys.readouterr()
+    assert main(["coordinator", "restore", str(backup), "--data-dir", str(data_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "REBUILT" in out and f"high watermark 3 -> {sealed_end}" in out, out
+    gw.start()
+    got = _read_all(gw.bootstrap, "m", [0], {0: sealed_end})[0]
+    assert [(o, k) for o, k, _, _ in got] == [(i, f"k{i}".encode()) for i in range(sealed_end)]
+
+
+
+def test_restore_fences_transactional_producers_and_aborts_open_transactions(gateway_factory, tmp_path, capsys):
+    from test_transactions import read_values
+
+    data_dir = tmp_path / "data"
+    gw = gateway_factory(data_dir=data_dir)
+    admin = AdminClient({"bootstrap.servers": gw.bootstrap, "logger": QUIET})  # alive until answered
+    admin.create_topics([NewTopic("tx", 1, 1)])["tx"].result(30)
+    done = Producer({"bootstrap.servers": gw.bootstrap, "transactional.id": "done", "logger": QUIET})
+    done.init_transactions(30)
+    done.begin_transaction()
+    done.produce("tx", b"committed", partition=0)
+    done.commit_transaction(30)
+    left_open = Producer({"bootstrap.servers": gw.bootstrap, "transactional.id": "open", "logger": QUIET})
+    left_open.init_transactions(30)
+    left_open.begin_transaction()
+    left_open.produce("tx", b"never-committed", partition=0)
+    assert left_open.flush(30) == 0
+    gw.stop()  # the transaction of "open" stays Ongoing in the backup
+
+    backup = tmp_path / "tx.backup"
+    assert main(["coordinator", "backup", str(backup), "--data-dir", str(data_dir)]) == 0
+    for f in data_dir.glob("coordinator.sqlite3*"):
+        f.unlink()
+    assert main(["coordinator", "restore", str(backup), "--data-dir", str(data_dir)]) == 0
+    assert "2 transactional producer(s) fenced, 1 open transaction(s) aborted" in capsys.readouterr().out
+    gw.start()
+
+    # The open transaction is aborted by the gateway: read_committed never shows it.
+    wait_for(lambda: read_values(gw.bootstrap, "tx", 1, "read_committed", timeout=5) == {0: [b"committed"]},
+             timeout=30, what="the open transaction aborted")
+    # The producer that ran before the restore is fenced, fatally, as a zombie is.
+    done.begin_transaction()
+    done.produce("tx", b"zombie", partition=0)
+    with pytest.raises(ck.KafkaException) as fenced:
+        done.commit_transaction(30)
+    assert fenced.value.args[0].fatal()
+    again = Producer({"bootstrap.servers": gw.bootstrap, "transactional.id": "done", "logger": QUIET})
+    again.init_transactions(30)
+    again.begin_transaction()
+    again.produce("tx", b"again", partition=0)
+    again.commit_transaction(30)
+    assert read_values(gw.bootstrap, "tx", 1, "read_committed") == {0: [b"committed", b"again"]}
