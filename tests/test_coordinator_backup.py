@@ -69,6 +69,80 @@ def test_backup_file_refuses_damage_as_a_whole(damage):
         decode(bytes(data), "b.backup")
 
 
+@pytest.mark.unit
+def test_embedded_reader_reads_one_revision_beside_the_holder_and_writes_nothing(tmp_path):
+    from stratalog.coordinator.embedded import EmbeddedKV, EmbeddedReader
+    from stratalog.coordinator.kv import CoordinatorError
+
+    async def body():
+        kv = EmbeddedKV(tmp_path)  # holds the lock, as a gateway does
+        try:
+            await kv.put("/a/1", b"one")
+            rev = await kv.put("/a/2", b"two")
+            reader = EmbeddedReader(tmp_path)
+            try:
+                assert await reader.snapshot(["/a/"]) == (rev, [("/a/1", b"one", rev - 1), ("/a/2", b"two", rev)])
+                await kv.put("/a/3", b"three")  # the holder goes on; the reader sees it next time
+                assert len((await reader.snapshot(["/a/"]))[1]) == 3
+                with pytest.raises(CoordinatorError, match="read-only"):
+                    await reader.put("/a/4", b"x")
+            finally:
+                await reader.close()
+        finally:
+            await kv.close()
+        with pytest.raises(CoordinatorError, match="no embedded coordinator database"):
+            EmbeddedReader(tmp_path / "nowhere")
+
+    asyncio.run(body())
+
+
+@pytest.mark.unit
+def test_restore_fences_what_ran_past_the_backup(tmp_path):
+    """In process: after a restore, a commit at any epoch a gateway could have reached since
+    the backup is fenced, producer ids continue past every block handed out since, and
+    transactional producers are fenced (an open transaction restored as aborting)."""
+    from stratalog.coordinator import open_coordinator
+    from stratalog.coordinator.model import Fenced, PartitionState, WalObject, WalRange
+    from stratalog.coordinator.transactions import TxnState, TxnStatus
+    from stratalog.engine.restore import COMPLETE, restore
+    from stratalog.tiering.objectstore import open_store
+
+    async def body():
+        source = open_coordinator(None, tmp_path / "source")
+        try:
+            info = await source.create_topic("t", 1, 1, {}, {0: PartitionState(1, 7, (1,), (1,))})
+            first = await source.allocate_producer_ids(1000)
+            await source.put_transaction(TxnState("open", first, 4, 60000, TxnStatus.ONGOING, (("t", 0),)), 0)
+            await source.put_transaction(TxnState("idle", first + 1, 9, 60000, TxnStatus.COMPLETE_COMMIT), 0)
+            revision, keys = await source.read_keyspace()
+        finally:
+            await source.close()
+        backup = Backup("default", "id", 1, revision, 0, keys)
+        target = open_coordinator(None, tmp_path / "target")
+        objects = open_store((tmp_path / "objects").as_uri())
+        try:
+            report = await restore(backup, target, objects, tmp_path / "scratch")
+            assert [(o.topic, o.status) for o in report.partitions] == [("t", COMPLETE)]
+            assert (report.producers_fenced, report.transactions_aborted) == (2, 1)
+            state = (await target.partition_states(info.topic_id))[0]
+            assert (state.leader, state.leader_epoch) == (-1, 7 + EPOCH_MARGIN)
+            tp = (info.topic_id, 0)
+            wal = WalObject(1, 1, "wal/1/00000000000000000001.wal", (WalRange(*tp, 0, 0, 0, 10, 0),))
+            for stale in (7, 8, 7 + EPOCH_MARGIN - 1):  # the backup's epoch, and moves since
+                with pytest.raises(Fenced):
+                    await target.commit_wal(wal, {tp: stale})
+            assert await target.allocate_producer_ids(1000) >= first + 1000 + PRODUCER_ID_MARGIN
+            txns = {s.transactional_id: s for s, _ in await target.transactions()}
+            assert (txns["open"].status, txns["open"].producer_epoch, txns["open"].pending) == \
+                (TxnStatus.PREPARE_ABORT, 5, (("t", 0),))
+            assert (txns["idle"].producer_epoch, txns["idle"].last_producer_epoch) == (10, -1)
+        finally:
+            await target.close()
+            await objects.close()
+
+    asyncio.run(body())
+
+
 # ---- helpers -------------------------------------------------------------------------------
 
 def _produce(bootstrap: str, topic: str, records: list[tuple[int, bytes, bytes, list]]) -> None:
@@ -201,21 +275,19 @@ def test_embedded_backup_restore_serves_what_was_acknowledged(gateway_factory, t
     assert _read_all(gw.bootstrap, topic, [0], {0: 11})[0][10][:3] == (10, b"new", b"after")
 
 
-def test_backup_and_restore_refuse_clearly(gateway_factory, tmp_path, capsys):
+def test_backup_beside_a_running_gateway_and_refusals(gateway_factory, tmp_path, capsys):
     data_dir = tmp_path / "data"
     gw = gateway_factory(data_dir=data_dir)
     admin = AdminClient({"bootstrap.servers": gw.bootstrap, "logger": QUIET})
     admin.create_topics([NewTopic("t", 1, 1)])["t"].result(30)
+    records = _records(3, 1, size=10)
+    _produce(gw.bootstrap, "t", records)
     backup = tmp_path / "meta.backup"
-    # The embedded coordinator has one user at a time: the running gateway.
-    assert main(["coordinator", "backup", str(backup), "--data-dir", str(data_dir)]) == 1
-    assert "a gateway is running on" in capsys.readouterr().err
-    gw.stop()
+    # The embedded coordinator is read beside the gateway that holds it.
     assert main(["coordinator", "backup", str(backup), "--data-dir", str(data_dir)]) == 0
-    capsys.readouterr()
-    target = tmp_path / "target"
-    (target / "objects").mkdir(parents=True)
+    assert "backed up cluster default" in capsys.readouterr().out
 
+    target = tmp_path / "target"
     newer = tmp_path / "newer.backup"
     newer.write_bytes(backup.read_bytes().replace(b"BACKUP 1\n", b"BACKUP 9\n", 1))
     assert main(["coordinator", "restore", str(newer), "--data-dir", str(target)]) == 1
@@ -225,13 +297,22 @@ def test_backup_and_restore_refuse_clearly(gateway_factory, tmp_path, capsys):
     corrupt.write_bytes(backup.read_bytes().replace(b'"k":"topics/t"', b'"k":"topics/u"'))
     assert main(["coordinator", "restore", str(corrupt), "--data-dir", str(target)]) == 1
     assert "SHA-256 does not match" in capsys.readouterr().err
-    assert not (target / "coordinator.sqlite3").exists() or \
-        _store_call(None, target, lambda s: s.kv.range(s.prefix)) == []
+    assert not target.exists()  # refused before anything was opened or made
 
-    # A target with a running gateway (registered, holding the data directory) is refused.
-    gw.start()
+    # Not into a coordinator a gateway runs on, nor into one that holds keys.
     assert main(["coordinator", "restore", str(backup), "--data-dir", str(data_dir)]) == 1
     assert "a gateway is running on" in capsys.readouterr().err
+    gw.stop()
+    assert main(["coordinator", "restore", str(backup), "--data-dir", str(data_dir)]) == 1
+    assert "a restore goes only into an empty cluster" in capsys.readouterr().err
+
+    # The backup taken while serving restores whole into a new coordinator.
+    objects = ["--object-store", (data_dir / "objects").as_uri()]
+    assert main(["coordinator", "restore", str(backup), "--data-dir", str(target), *objects]) == 0
+    assert "COMPLETE" in capsys.readouterr().out
+    restored = gateway_factory(data_dir=target, extra_args=objects)
+    got = _read_all(restored.bootstrap, "t", [0], {0: 3})[0]
+    assert [r[1:] for r in got] == [(k, v, h) for _, k, v, h in records]
 
 
 # ---- etcd and S3 ---------------------------------------------------------------------------

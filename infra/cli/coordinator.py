@@ -2,8 +2,8 @@
 putting it back after the coordinator is lost.
 
 `backup FILE` reads every key of the cluster that outlives a gateway at one revision
-(coordinator.backup describes the file); with etcd at any time, with the embedded
-coordinator while no gateway runs on the data directory. `restore FILE` writes it into an
+(coordinator.backup describes the file), at any time: etcd is shared, and the embedded
+coordinator is read through a read-only SQLite connection beside a running gateway. `restore FILE` writes it into an
 empty cluster after checking that the object store still holds what it references
 (engine.restore: what it changes and why), then prints what became of each partition.
 """
@@ -32,8 +32,7 @@ def add_parser(subparsers) -> None:
 
     p = actions.add_parser("backup", help="write the cluster's metadata to FILE, read at one revision",
                            description="Write every non-leased key of the cluster, read at one revision, "
-                                       "to FILE (replaced atomically). With the embedded coordinator, "
-                                       "stop the gateway first.")
+                                       "to FILE (replaced atomically), while gateways run or not.")
     p.add_argument("file", type=Path, metavar="FILE")
     add_coordinator_options(p)
     p.set_defaults(run=run_backup)
@@ -77,7 +76,7 @@ async def _read_backup(args: argparse.Namespace):
 
     from stratalog.coordinator.backup import Backup
 
-    store = open_coordinator_store(args, create=False)
+    store = open_coordinator_store(args, create=False, read_only=True)
     try:
         version = await store.check_keyspace(mark=False)  # refuses a newer keyspace
         revision, keys = await store.read_keyspace()

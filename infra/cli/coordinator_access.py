@@ -24,10 +24,12 @@ def add_coordinator_options(p: argparse.ArgumentParser) -> None:
                    help="an etcd.* setting (repeatable)")
 
 
-def open_coordinator_store(args, create: bool = True):
+def open_coordinator_store(args, create: bool = True, read_only: bool = False):
     """The `KVClusterStore` the options name. With `create`, a missing data directory is
     made (users may be added before the first start; a restore goes into a new one);
-    without it, a data directory with no embedded coordinator is an error."""
+    without it, a data directory with no embedded coordinator is an error. `read_only`
+    opens the embedded coordinator without its lock, so it reads beside a running gateway
+    (coordinator.embedded.EmbeddedReader); etcd is shared anyway."""
     from stratalog.coordinator import open_coordinator
     from stratalog.coordinator.embedded import DB_FILE
     from stratalog.coordinator.kv import DataDirInUse
@@ -45,6 +47,15 @@ def open_coordinator_store(args, create: bool = True):
             args.data_dir.mkdir(parents=True, exist_ok=True)
         elif not (args.data_dir / DB_FILE).is_file():
             raise CliError(f"no embedded coordinator in {args.data_dir} (give --data-dir or --coordinator)")
+    if read_only and args.coordinator is None:
+        from stratalog.coordinator import KVClusterStore
+        from stratalog.coordinator.embedded import EmbeddedReader
+        from stratalog.coordinator.kv import CoordinatorError
+
+        try:
+            return KVClusterStore(EmbeddedReader(args.data_dir), args.cluster)
+        except CoordinatorError as e:
+            raise CliError(str(e)) from None
     try:
         return open_coordinator(args.coordinator, args.data_dir, args.cluster, etcd_security=security)
     except DataDirInUse:
