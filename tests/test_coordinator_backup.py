@@ -377,6 +377,16 @@ def test_etcd_backup_while_serving_then_wipe_restore_and_a_missing_object(
     assert lost[0] in by_p[2].offline
     assert all(st.leader_epoch >= EPOCH_MARGIN for st in by_p.values())
 
+    # The operator's way out, as for any damaged partition: without the object, only by
+    # accepting the loss; the partition then continues from what can be read.
+    admin_url = ["--admin", gws[0].http_url]
+    assert main(["partitions", "recover", topic, "2", *admin_url]) == 1
+    assert "still damaged" in capsys.readouterr().err
+    assert main(["partitions", "recover", topic, "2", "--truncate", "--accept-data-loss", *admin_url]) == 0
+    assert "1 offsets lost" in capsys.readouterr().out
+    _produce(bootstrap, topic, [(2, b"fresh", b"after-recover", [])])
+    assert [r[:3] for r in _read_all(bootstrap, topic, [2], {2: 1})[2]] == [(0, b"fresh", b"after-recover")]
+
 
 def test_restore_rebuilds_a_partition_from_its_manifest(gateway_factory, tmp_path, capsys):
     """WAL objects collected after their ranges were sealed since the backup: the newest
