@@ -156,8 +156,8 @@ async def _check_partitions(store: KVClusterStore, objects: ObjectStore,
                 report.partitions.append(PartitionOutcome(info.name, p, REBUILT, f"{missing} missing; {rebuilt}"))
                 continue
             reason = (f"restored from a backup whose object {missing} is no longer in the object "
-                      f"store (offsets {state.log_start_offset}..{state.high_watermark - 1} committed "
-                      "at the backup), and no manifest covers them")
+                      f"store, and no manifest covers the partition's offsets "
+                      f"{state.log_start_offset}..{state.high_watermark - 1} at the backup")
             offline[(info.topic_id, p)] = reason
             report.partitions.append(PartitionOutcome(info.name, p, OFFLINE, reason))
     return offline

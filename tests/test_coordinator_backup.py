@@ -143,6 +143,78 @@ def test_restore_fences_what_ran_past_the_backup(tmp_path):
     asyncio.run(body())
 
 
+@pytest.mark.unit
+def test_restore_rebuilds_from_a_manifest_only_when_it_covers_the_backup(tmp_path):
+    """A WAL object the backup needs is gone: without a manifest, or with one that ends
+    before the backup's high watermark or names a missing object, the partition is restored
+    offline naming the object; a manifest that covers it (retention having moved the log
+    start since) rebuilds it, high watermark and log start moved, and nothing is served
+    short silently."""
+    from stratalog.coordinator import open_coordinator
+    from stratalog.coordinator.model import PartitionState, SegmentEntry, WalObject, WalRange
+    from stratalog.engine.restore import OFFLINE, REBUILT, restore
+    from stratalog.tiering import layout
+    from stratalog.tiering.manifest import SegmentRecord, write_manifest
+    from stratalog.tiering.objectstore import open_store
+
+    objects_dir = tmp_path / "objects"
+    wal_key = layout.wal_key(1, 1)
+
+    async def body():
+        source = open_coordinator(None, tmp_path / "source")
+        try:
+            info = await source.create_topic("r", 1, 1, {}, {0: PartitionState(1, 0, (1,), (1,))})
+            tid = info.topic_id
+
+            def segment(base: int, last: int, name: str) -> SegmentEntry:
+                return SegmentEntry(base, last, layout.segment_key_base("r", tid, 0, base, 0, name), 100, 0, 0, 0)
+            a, b, c = segment(0, 9, "a"), segment(10, 19, "b"), segment(20, 29, "c")
+            for s in (a, b):
+                await source.commit_segment(tid, 0, s, 0)
+            await source.commit_wal(WalObject(1, 1, wal_key, (WalRange(tid, 0, 20, 24, 0, 10, 0),)), {(tid, 0): 0})
+            revision, keys = await source.read_keyspace()
+        finally:
+            await source.close()
+        for s in (a, b, c):
+            for ext in layout.SEGMENT_EXTENSIONS:
+                path = objects_dir / (s.key_base + ext)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(b"x")
+        backup = Backup("default", "id", 1, revision, 0, keys)
+        prefix = objects_dir / layout.partition_manifest_prefix("r", tid, 0)
+        prefix.mkdir(parents=True)
+
+        def manifest(version: int, log_start: int, *segments: SegmentEntry) -> None:
+            records = [SegmentRecord(s.base_offset, s.last_offset, s.key_base, s.size, 0, 0, 0) for s in segments]
+            (prefix / f"{version:020d}.avro").write_bytes(write_manifest("r", tid, 0, version, log_start, records))
+
+        async def restored(name: str):
+            target = open_coordinator(None, tmp_path / name)
+            objects = open_store(objects_dir.as_uri())
+            try:
+                (outcome,) = (await restore(backup, target, objects, tmp_path / f"scratch-{name}")).partitions
+                return outcome, await target.log_state(tid, 0), await target.segments(tid, 0)
+            finally:
+                await target.close()
+                await objects.close()
+
+        outcome, log, _ = await restored("none")
+        assert outcome.status == OFFLINE and wal_key in outcome.detail
+        manifest(1, 0, a, b)  # ends at 19: the backup's offsets 20..24 are not in it
+        assert (await restored("short"))[0].status == OFFLINE
+        missing = segment(20, 29, "gone")
+        manifest(2, 0, a, b, missing)  # covers them, but names an object that is not there
+        assert (await restored("missing"))[0].status == OFFLINE
+        manifest(3, 10, b, c)  # covers them; retention removed segment a since the backup
+        outcome, log, segments = await restored("covered")
+        assert outcome.status == REBUILT, outcome
+        assert "high watermark 25 -> 30" in outcome.detail and "log start 0 -> 10" in outcome.detail
+        assert (log.log_start_offset, log.high_watermark) == (10, 30)
+        assert [s.key_base for s in segments] == [b.key_base, c.key_base]
+
+    asyncio.run(body())
+
+
 # ---- helpers -------------------------------------------------------------------------------
 
 def _produce(bootstrap: str, topic: str, records: list[tuple[int, bytes, bytes, list]]) -> None:
