@@ -109,7 +109,7 @@ def _write_atomically(path: Path, data: bytes) -> None:
 
 def run_restore(args: argparse.Namespace) -> int:
     from stratalog.coordinator.backup import decode
-    from stratalog.coordinator.kv import CoordinatorError
+    from stratalog.coordinator.kv import CoordinatorError, CoordinatorUnavailable
     from stratalog.engine.restore import OFFLINE
     from stratalog.infra.cli.segments import store_url
 
@@ -124,6 +124,9 @@ def run_restore(args: argparse.Namespace) -> int:
     url = store_url(args)
     try:
         report = asyncio.run(_restore(args, backup, url))
+    except CoordinatorUnavailable as e:
+        raise CliError(f"restore failed: {e} (if it stopped while writing the target, the cluster "
+                       "is partly restored: delete its keys and restore again)") from None
     except CoordinatorError as e:
         raise CliError(f"restore refused: {e}") from None
     print_table(["TOPIC", "PARTITION", "RESULT", "DETAIL"],
