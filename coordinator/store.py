@@ -242,6 +242,11 @@ def _int(key: str, value: bytes) -> int:
     return v
 
 
+def _leased(rel: str) -> bool:
+    """Keys put under a lease: a gateway's registration and the controller key."""
+    return rel.startswith("brokers/") or rel == "controller"
+
+
 # A decoded coordinator value under topics/ or partitions/ (None: not a partition state).
 _Decoded = Union[TopicInfo, tuple[uuid.UUID, int, PartitionState], None]
 
@@ -1212,6 +1217,42 @@ class KVClusterStore:
     async def watch_transactions(self) -> Watch:
         """Changes to transaction states, from now on (read `transactions()` after)."""
         return await self.kv.watch_prefix(self._k("transactions/"))
+
+    # --- backup and restore ----------------------------------------------------------------
+
+    async def read_keyspace(self) -> tuple[int, list[tuple[str, bytes]]]:
+        """Every key of the cluster that outlives a gateway (not the leased registrations and
+        controller key), as (key relative to the prefix, value), all read at one revision;
+        and that revision."""
+        revision, kvs = await self.kv.snapshot([self.prefix])
+        rels = ((k[len(self.prefix):], v) for k, v, _ in kvs)
+        return revision, [(rel, v) for rel, v in rels if not _leased(rel)]
+
+    async def check_empty(self) -> None:
+        """CoordinatorError unless the cluster has no key at all (restores go only there)."""
+        (_, brokers), (_, total) = await self.kv.fingerprint([self._k("brokers/"), self.prefix])
+        if brokers:
+            raise CoordinatorError(f"{brokers} gateway(s) are registered in {self.prefix}: stop "
+                                   "every gateway of the cluster before restoring")
+        if total:
+            raise CoordinatorError(f"{self.prefix} holds {total} keys: a restore goes only into an "
+                                   "empty cluster (delete its keys first, or restore under "
+                                   "another --cluster name)")
+
+    async def write_keyspace(self, keys: Sequence[tuple[str, bytes]]) -> None:
+        """Write keys (relative to the prefix) into an empty cluster, in transactions within
+        the backend's limits. Topic keys go last: a topic key is what makes its partitions,
+        logs and segments visible, so a gateway started during the writes sees each topic
+        whole or not at all."""
+        await self.check_empty()
+        for rel, _ in keys:
+            if _leased(rel):
+                raise ValueError(f"{rel} is a leased key; it cannot be restored")
+        topics = [Put(self._k(rel), v) for rel, v in keys if rel.startswith("topics/")]
+        await self._batched([Put(self._k(rel), v) for rel, v in keys if not rel.startswith("topics/")])
+        await self._batched(topics)
+        self._index = _Index()
+        self._all_states = None
 
     # --- producer ids --------------------------------------------------------------------
 

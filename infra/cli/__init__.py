@@ -30,6 +30,7 @@ COMMANDS = (
     "stratalog.infra.cli.groups",
     "stratalog.infra.cli.transactions",
     "stratalog.infra.cli.users",
+    "stratalog.infra.cli.coordinator",
     "stratalog.infra.cli.acls",
     "stratalog.infra.cli.quotas",
     "stratalog.infra.cli.segments",
