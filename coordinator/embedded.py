@@ -20,6 +20,9 @@ Leases live in memory and expire by the injected clock. A lease cannot outlive t
 that granted it (the lock guarantees that process is gone), so opening the store deletes
 every leased key left by a previous run.
 
+`EmbeddedReader` reads the database beside the process holding it (read-only, no lock),
+for backups of a running gateway.
+
 Writes run on one worker thread (the fsync stays off the event loop and writes are
 serialized there); reads use a second connection on the caller's thread, which WAL mode lets
 run beside a write and which sees every transaction that has returned.
@@ -417,3 +420,46 @@ class EmbeddedKV:
         self._reader.close()
         self._writer.close()
         os.close(self._lock_fd)  # closing the descriptor releases the flock
+
+
+class EmbeddedReader(EmbeddedKV):
+    """A read-only view of an embedded coordinator, usable while a gateway holds it.
+
+    It takes no lock and opens one read-only connection: SQLite's WAL mode lets a reader in
+    another process see every transaction committed before its read began, beside the
+    writer, so `snapshot` is one consistent revision even while the gateway writes (what
+    `stratalog coordinator backup` reads). It has no leases and refuses every write."""
+
+    def __init__(self, data_dir: Path):
+        self.data_dir = Path(data_dir)
+        self.max_txn_ops = MAX_TXN_OPS
+        self.max_request_bytes = DEFAULT_MAX_REQUEST_BYTES
+        self._clock = time.monotonic
+        self._leases = {}
+        self._watches = []
+        self._closed = False
+        path = self.data_dir / DB_FILE
+        if not path.is_file():
+            raise CoordinatorError(f"no embedded coordinator database at {path}")
+        self._reader = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True,
+                                       isolation_level=None, check_same_thread=False)
+        self._writer = self._reader  # _check_format reads through it; nothing writes here
+        try:
+            self._reader.execute("PRAGMA busy_timeout=5000")
+            self._check_format(path)
+            if self._reader.execute("SELECT value FROM meta WHERE name='revision'").fetchone() is None:
+                raise CoordinatorError(f"{path} is damaged: its meta row 'revision' is missing")
+        except sqlite3.DatabaseError as e:
+            self._reader.close()
+            raise CoordinatorError(f"{path} is not a usable stratalog coordinator database: {e}") from e
+        except BaseException:
+            self._reader.close()
+            raise
+
+    async def _write(self, fn):
+        raise CoordinatorError(f"the embedded coordinator of {self.data_dir} is open read-only here")
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._reader.close()

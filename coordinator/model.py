@@ -8,12 +8,14 @@ Keyspace (one key per topic, partition, segment or WAL object, never per batch):
     controller                                   -> broker id                     (leased)
     topics/<name>                                -> TopicInfo
     partitions/<topic_id>/<p>                    -> PartitionState (leader, epoch, replicas, isr,
-                                                    offline reason)
+                                                    offline reason, operator's assignment and
+                                                    reassignment under way)
     logs/<topic_id>/<p>                          -> LogState (log start offset, producer snapshot)
     segments/<topic_id>/<p>/<base:020>           -> SegmentEntry
     wal/<gateway_id>/<seq:020>                   -> WalObject (its ranges)
     groups/<group>/offsets/<topic>/<p>           -> CommittedOffset
     producer_ids/next                            -> next free producer id block start
+    client_quotas/<type>=<name>[/<type>=<name>]  -> ClientQuota values (KIP-546 entities)
 
 Every mutation that makes data visible is fenced: `commit_wal` and `commit_segment` take
 the leader epoch the writer believes it holds for each partition and fail with `Fenced`
@@ -59,6 +61,17 @@ class PartitionState:
     # An offline partition has no leader and the controller gives it none: only an
     # operator's `stratalog partitions recover` clears it (stratalog.engine.offline).
     offline: str = ""
+    # An operator's replica assignment (CreateTopics/CreatePartitions assignments or a
+    # reassignment), first the preferred leader; empty: the controller places replicas.
+    assigned: tuple[int, ...] = ()
+    # A reassignment under way (AlterPartitionReassignments): replicas being added to and
+    # removed from the partition; `replicas` holds both sides until it completes.
+    adding: tuple[int, ...] = ()
+    removing: tuple[int, ...] = ()
+
+    @property
+    def reassigning(self) -> bool:
+        return bool(self.adding or self.removing)
 
 
 @dataclass(frozen=True)
@@ -145,6 +158,20 @@ class AclBinding:
     permission: int
 
 
+@dataclass(frozen=True)
+class ClientQuota:
+    """The quotas set for one client-quota entity (KIP-546).
+
+    `entity` is ((entity type, name), ...) sorted by type, where a name of None is the
+    type's default (`<default>`): (("client-id", None), ("user", "alice")) is alice's
+    default for every client id. `values` maps quota names (producer_byte_rate, ...) to
+    their values; what the names mean is the gateway's business, not the coordinator's.
+    """
+
+    entity: tuple[tuple[str, str | None], ...]
+    values: dict[str, float]
+
+
 class ClusterStore(Protocol):
     """What the gateway and tools ask of the coordinator. Every method is a coroutine."""
 
@@ -182,8 +209,11 @@ class ClusterStore(Protocol):
         """Leader, epoch, replicas and ISR of every partition of a topic."""
 
     async def set_partition_state(self, topic_id: uuid.UUID, partition: int,
-                                  state: PartitionState, expect_epoch: int | None = None) -> None:
-        """Controller write; with expect_epoch, Fenced unless the stored epoch matches."""
+                                  state: PartitionState, expect_epoch: int | None = None,
+                                  expect_state: PartitionState | None = None) -> None:
+        """Controller or operator write; with expect_epoch, Fenced unless the stored epoch
+        matches; with expect_state, Fenced unless the stored state is still that one (a
+        compare-and-set: the controller and an operator's change cannot undo each other)."""
 
     async def log_state(self, topic_id: uuid.UUID, partition: int) -> LogState:
         """Log start offset and high watermark."""
@@ -258,3 +288,12 @@ class ClusterStore(Protocol):
     # --- producer ids -----------------------------------------------------------------
     async def allocate_producer_ids(self, count: int) -> int:
         """Reserve `count` consecutive producer ids; returns the first."""
+
+    # --- client quotas ----------------------------------------------------------------
+    async def client_quotas(self) -> list[ClientQuota]:
+        """Every entity with quotas set."""
+
+    async def alter_client_quota(self, entity: tuple[tuple[str, str | None], ...],
+                                 changes: dict[str, float | None]) -> None:
+        """Set (a value) or remove (None) quotas of one entity, atomically; an entity left
+        with none is forgotten."""

@@ -11,6 +11,10 @@ Keys live under `/stratalog/<cluster>/` as model.py lists them, values are compa
     users/<user>/<mechanism>          -> a SCRAM credential (salt, iterations, stored and
                                          server keys, base64): never a password
     acls/<digest>                     -> one ACL binding (digest: SHA-256 of its fields)
+    client_quotas/<type>=<name>/...   -> one client-quota entity's values (ClientQuota):
+                                         components sorted by type, names percent-quoted,
+                                         `<default>` for a type's default (quoting turns a
+                                         name's own `<` into %3C, so they never collide)
     transactions/<transactional id>   -> a transaction's state (coordinator.transactions)
     groups/<group>/txn/<producer id>  -> offsets a transaction committed for the group,
                                          applied to its offsets when it commits
@@ -25,7 +29,8 @@ KEYSPACE_VERSION. 0.1.0 wrote no such key, so a keyspace without it is version 1
 marks an unmarked keyspace. Additions that older readers ignore (a new field in a JSON
 value, a new key outside the prefixes they read) need no bump: a WAL entry's `format`
 (the WAL object's format version, absent: 1) is one, a partition state's `offline`
-(the reason it is offline, absent while it serves) another.
+(the reason it is offline, absent while it serves) another, its `assigned`, `adding` and
+`removing` (an operator's replica assignment, absent when the controller places it) more.
 
 The epoch key exists so a commit can be fenced by a value compare: ISR-only changes rewrite
 `partitions/<topic_id>/<p>` without touching it, so they never fence a leader.
@@ -62,7 +67,7 @@ from stratalog.coordinator.kv import (
     RequestTooLarge, UnsupportedFormat, Watch, absent, exists, mod_is, request_bytes,
     unsupported_version, value_is)
 from stratalog.coordinator.model import (
-    AclBinding, CommittedOffset, Fenced, LogState, PartitionState, ScramCredential, SegmentEntry, TopicExists,
+    AclBinding, ClientQuota, CommittedOffset, Fenced, LogState, PartitionState, ScramCredential, SegmentEntry, TopicExists,
     TopicInfo, UnknownTopic, WalObject, WalRange)
 from stratalog.coordinator.transactions import TxnState
 
@@ -116,6 +121,10 @@ def _state_json(s: PartitionState) -> bytes:
                          "replicas": list(s.replicas), "isr": list(s.isr)}
     if s.offline:
         d["offline"] = s.offline  # absent while serving: older readers ignore it
+    # Absent unless an operator assigned replicas: older readers ignore them.
+    for name in ("assigned", "adding", "removing"):
+        if getattr(s, name):
+            d[name] = list(getattr(s, name))
     return _dumps(d)
 
 
@@ -124,7 +133,8 @@ def _state(key: str, value: bytes) -> PartitionState:
     try:
         return PartitionState(int(d["leader"]), int(d["leader_epoch"]),
                               tuple(int(x) for x in d["replicas"]),
-                              tuple(int(x) for x in d["isr"]), str(d.get("offline") or ""))
+                              tuple(int(x) for x in d["isr"]), str(d.get("offline") or ""),
+                              *(tuple(int(x) for x in d.get(name, ())) for name in ("assigned", "adding", "removing")))
     except _BAD as e:
         raise CoordinatorError(f"corrupt partition state at {key}: {e!r}") from None
 
@@ -208,11 +218,36 @@ def _acl(key: str, value: bytes) -> AclBinding:
         raise CoordinatorError(f"corrupt ACL at {key}: {e!r}") from None
 
 
+_DEFAULT_NAME = "<default>"
+
+
+def _quota_rel(entity: tuple[tuple[str, str | None], ...]) -> str:
+    return "/".join(f"{_q(t)}={_DEFAULT_NAME if n is None else _q(n)}" for t, n in sorted(entity))
+
+
+def _quota_json(q: ClientQuota) -> bytes:
+    return _dumps({"entity": [list(c) for c in q.entity], "values": q.values})
+
+
+def _quota(key: str, value: bytes) -> ClientQuota:
+    d = _loads(key, value)
+    try:
+        entity = tuple(sorted((str(t), None if n is None else str(n)) for t, n in d["entity"]))
+        return ClientQuota(entity, {str(k): float(v) for k, v in d["values"].items()})
+    except _BAD as e:
+        raise CoordinatorError(f"corrupt client quota at {key}: {e!r}") from None
+
+
 def _int(key: str, value: bytes) -> int:
     v = _loads(key, value)
     if not isinstance(v, int) or isinstance(v, bool):
         raise CoordinatorError(f"corrupt coordinator value at {key}: expected an integer")
     return v
+
+
+def _leased(rel: str) -> bool:
+    """Keys put under a lease: a gateway's registration and the controller key."""
+    return rel.startswith("brokers/") or rel == "controller"
 
 
 # A decoded coordinator value under topics/ or partitions/ (None: not a partition state).
@@ -554,6 +589,34 @@ class KVClusterStore:
         """Changes to the ACLs, from now on (read `acls()` after making the watch)."""
         return await self.kv.watch_prefix(self._k("acls/"))
 
+    # --- client quotas --------------------------------------------------------------------
+
+    def _quota_key(self, entity: tuple[tuple[str, str | None], ...]) -> str:
+        return self._k("client_quotas/" + _quota_rel(entity))
+
+    async def client_quotas(self) -> list[ClientQuota]:
+        return [_quota(k, v) for k, v, _ in await self.kv.range(self._k("client_quotas/"))]
+
+    async def alter_client_quota(self, entity: tuple[tuple[str, str | None], ...],
+                                 changes: dict[str, float | None]) -> None:
+        entity = tuple(sorted(entity))
+        key = self._quota_key(entity)
+        while True:  # read, change, write unless someone else wrote it in between
+            got = await self.kv.get(key)
+            values = dict(_quota(key, got[0]).values) if got else {}
+            for name, value in changes.items():
+                if value is None:
+                    values.pop(name, None)
+                else:
+                    values[name] = float(value)
+            op: Op = Put(key, _quota_json(ClientQuota(entity, values))) if values else Delete(key)
+            if await self.kv.txn([mod_is(key, got[1] if got else 0)], [op]):
+                return
+
+    async def watch_client_quotas(self) -> Watch:
+        """Changes to client quotas, from now on (read `client_quotas()` after making it)."""
+        return await self.kv.watch_prefix(self._k("client_quotas/"))
+
     # --- topics --------------------------------------------------------------------------
 
     def _partition_ops(self, tid: uuid.UUID, assignments: dict[int, PartitionState]
@@ -733,11 +796,23 @@ class KVClusterStore:
         return None
 
     async def set_partition_state(self, topic_id: uuid.UUID, partition: int,
-                                  state: PartitionState, expect_epoch: int | None = None) -> None:
+                                  state: PartitionState, expect_epoch: int | None = None,
+                                  expect_state: PartitionState | None = None) -> None:
         ekey = self._epoch_key(topic_id, partition)
+        pkey = self._part_key(topic_id, partition)
         while True:
             got = await self.kv.get(ekey)
             current = _int(ekey, got[0]) if got else None
+            compares = [mod_is(ekey, got[1] if got else 0)]
+            if expect_state is not None:
+                # Compared decoded, then pinned by the key's revision: a value written by
+                # another release may encode the same state differently.
+                stored = await self.kv.get(pkey)
+                if stored is None:
+                    raise UnknownTopic(f"{topic_id}/{partition}")
+                if _state(pkey, stored[0]) != expect_state:
+                    raise Fenced(f"{topic_id}/{partition}: partition state changed since it was read")
+                compares.append(mod_is(pkey, stored[1]))
             if expect_epoch is not None:
                 if current is None:
                     raise UnknownTopic(f"{topic_id}/{partition}")
@@ -747,10 +822,10 @@ class KVClusterStore:
             if current is not None and state.leader_epoch < current:
                 raise ValueError(f"{topic_id}/{partition}: leader epoch cannot go back from "
                                  f"{current} to {state.leader_epoch}")
-            ops: list[Op] = [Put(self._part_key(topic_id, partition), _state_json(state))]
+            ops: list[Op] = [Put(pkey, _state_json(state))]
             if current != state.leader_epoch:
                 ops += [Put(ekey, _dumps(state.leader_epoch)), self._generation_bump()]
-            if await self.kv.txn([mod_is(ekey, got[1] if got else 0)], ops):
+            if await self.kv.txn(compares, ops):
                 return
 
     async def _epoch_mismatches(self, epochs: dict[TP, int]) -> list[str]:
@@ -1169,6 +1244,42 @@ class KVClusterStore:
     async def watch_transactions(self) -> Watch:
         """Changes to transaction states, from now on (read `transactions()` after)."""
         return await self.kv.watch_prefix(self._k("transactions/"))
+
+    # --- backup and restore ----------------------------------------------------------------
+
+    async def read_keyspace(self) -> tuple[int, list[tuple[str, bytes]]]:
+        """Every key of the cluster that outlives a gateway (not the leased registrations and
+        controller key), as (key relative to the prefix, value), all read at one revision;
+        and that revision."""
+        revision, kvs = await self.kv.snapshot([self.prefix])
+        rels = ((k[len(self.prefix):], v) for k, v, _ in kvs)
+        return revision, [(rel, v) for rel, v in rels if not _leased(rel)]
+
+    async def check_empty(self) -> None:
+        """CoordinatorError unless the cluster has no key at all (restores go only there)."""
+        (_, brokers), (_, total) = await self.kv.fingerprint([self._k("brokers/"), self.prefix])
+        if brokers:
+            raise CoordinatorError(f"{brokers} gateway(s) are registered in {self.prefix}: stop "
+                                   "every gateway of the cluster before restoring")
+        if total:
+            raise CoordinatorError(f"{self.prefix} holds {total} keys: a restore goes only into an "
+                                   "empty cluster (delete its keys first, or restore under "
+                                   "another --cluster name)")
+
+    async def write_keyspace(self, keys: Sequence[tuple[str, bytes]]) -> None:
+        """Write keys (relative to the prefix) into an empty cluster, in transactions within
+        the backend's limits. Topic keys go last: a topic key is what makes its partitions,
+        logs and segments visible, so a gateway started during the writes sees each topic
+        whole or not at all."""
+        await self.check_empty()
+        for rel, _ in keys:
+            if _leased(rel):
+                raise ValueError(f"{rel} is a leased key; it cannot be restored")
+        topics = [Put(self._k(rel), v) for rel, v in keys if rel.startswith("topics/")]
+        await self._batched([Put(self._k(rel), v) for rel, v in keys if not rel.startswith("topics/")])
+        await self._batched(topics)
+        self._index = _Index()
+        self._all_states = None
 
     # --- producer ids --------------------------------------------------------------------
 

@@ -28,6 +28,10 @@ object), `sealing` (segments to the store, manifests), `cleanup` (retention,
 DeleteRecords, swaps, garbage collection), `leadership` (take/drop/replicas), `replica`
 (a replica's view), `producers` (idempotent producer state), `offline` (damaged
 partitions: offline alone, and the operator's repair).
+
+Beside the engine, with no gateway running: `restore.restore(backup, store, objects,
+scratch)` puts a coordinator backup into an empty cluster, checking the objects it needs
+(`stratalog coordinator restore`).
 """
 
 from .engine import AppendResult, EngineSettings, LogEngine, PartitionView

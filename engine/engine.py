@@ -17,21 +17,22 @@ from typing import Any, Awaitable, Callable, Iterator
 
 from stratalog.coordinator.model import ClusterStore, SegmentEntry, TopicInfo
 from stratalog.tiering import layout
-from stratalog.tiering.batch import BatchHeader, CorruptBatch, decode_records, split_batches
+from stratalog.tiering.batch import BatchHeader
 from stratalog.tiering.errors import CorruptObject
 from stratalog.tiering.objectstore.base import ObjectStore
 from stratalog.tiering.remote import RemoteCache
 from stratalog.tiering.txn import AbortedTxn, marker_batch
 
 from .cleanup import Cleaner
-from .errors import (CorruptLog, CorruptRead, FencedLeaderEpoch, InvalidRecord, NotLeader,
-                     PartitionOffline, RecordTooLarge, StorageUnavailable, UnknownLeaderEpoch,
+from .errors import (CorruptLog, CorruptRead, FencedLeaderEpoch, NotLeader,
+                     PartitionOffline, StorageUnavailable, UnknownLeaderEpoch,
                      UnknownTopicOrPartition)
 from .leadership import Assignment, Leadership
 from .offline import Repaired, repair
 from .partition import PartitionLog
 from .replica import ReplicaView
 from .sealing import Sealer
+from .validation import TimestampBounds, validate_batches
 from .wal_writer import WalCommitFailed, WalWriter
 
 REMOTE_CACHE_BYTES = 1024 * 1024 * 1024
@@ -258,7 +259,7 @@ class LogEngine:
         """
         plog = self.leader(topic, partition)
         self._check_storage()
-        batches = self._validate(topic, records)
+        batches = self._validate(topic, records, now_ms)
         log_append = self.topic_config(topic, "message.timestamp.type") == "LogAppendTime"
         commit: Awaitable[None] | None = None
         base = -1
@@ -279,22 +280,15 @@ class LogEngine:
         self.sealer.maybe_roll(plog)
         return AppendResult(base, plog.log_start_offset, nbytes, nrecords, commit, log_append)
 
-    def _validate(self, topic: str, records) -> list:
-        if records is None or len(records) == 0:
-            raise CorruptBatch("no record batches")
-        batches = split_batches(records)
-        max_bytes = self.topic_config(topic, "max.message.bytes")
-        compacted = "compact" in self.topic_config(topic, "cleanup.policy")
-        for h, view in batches:
-            if h.size > max_bytes:
-                raise RecordTooLarge(f"batch of {h.size} bytes exceeds max.message.bytes {max_bytes}")
-            if h.is_control:
-                raise InvalidRecord("clients may not write control batches (transaction markers)")
-            if h.is_transactional and h.producer_id < 0:
-                raise InvalidRecord("a transactional batch needs a producer id")
-            if compacted and any(r.key is None for r in decode_records(view)):
-                raise InvalidRecord("compacted topic requires a key on every record")
-        return batches
+    def _validate(self, topic: str, records, now_ms: int) -> list:
+        config = self.topic_config
+        bounds = None
+        if config(topic, "message.timestamp.type") == "CreateTime":
+            bounds = TimestampBounds.of(now_ms, config(topic, "message.timestamp.before.max.ms"),
+                                        config(topic, "message.timestamp.after.max.ms"),
+                                        config(topic, "message.timestamp.difference.max.ms"))
+        return validate_batches(records, max_bytes=config(topic, "max.message.bytes"),
+                                compacted="compact" in config(topic, "cleanup.policy"), timestamps=bounds)
 
     def write_marker(self, topic: str, partition: int, producer_id: int, producer_epoch: int, *,
                      commit: bool, coordinator_epoch: int = 0) -> Awaitable[None]:

@@ -33,7 +33,18 @@ class RecordTooLarge(EngineError):
 
 
 class InvalidRecord(EngineError):
-    """A batch the topic cannot take (a transactional batch, a keyless record on a compacted topic)."""
+    """A batch the topic cannot take (a control batch, a keyless record on a compacted topic).
+
+    `records`: when particular records are to blame, (index among the partition's records
+    in the request, message or None) of each, for the Produce response's record_errors."""
+
+    def __init__(self, message: str, records: list[tuple[int, str | None]] | None = None):
+        super().__init__(message)
+        self.records = records or []
+
+
+class InvalidTimestamp(InvalidRecord):
+    """Records whose CreateTime is outside the topic's message.timestamp.before/after.max.ms."""
 
 
 class SwapRefused(EngineError):

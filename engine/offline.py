@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from stratalog.coordinator.model import ClusterStore, Fenced, PartitionState, UnknownTopic
+from stratalog.coordinator.model import ClusterStore, Fenced, UnknownTopic
 from stratalog.tiering.errors import CorruptObject, UnsupportedFormat
 from stratalog.tiering.objectstore.base import ObjectNotFound, ObjectStore
 
@@ -48,8 +48,9 @@ async def mark_offline(store: ClusterStore, topic_id: uuid.UUID, partition: int,
         st = (await store.partition_states(topic_id)).get(partition)
         if st is None or st.leader_epoch != epoch:
             return False
+        # replace(): an operator's replica assignment outlives the partition's time offline.
         await store.set_partition_state(topic_id, partition,
-                                        PartitionState(-1, epoch + 1, st.replicas, (), reason),
+                                        replace(st, leader=-1, leader_epoch=epoch + 1, isr=(), offline=reason),
                                         expect_epoch=epoch)
         return True
     except (Fenced, UnknownTopic):

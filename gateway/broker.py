@@ -30,6 +30,8 @@ from .groups import GroupCoordinator
 from .groups.assignors import assignor_names
 from .groups.consumer_coordinator import ConsumerGroups
 from .groups.consumer_membership import ConsumerGroupConfig
+from .quotas import ClientQuotas
+from .reassignment import ReplicaAdmin
 from .topic_admin import TopicAdmin, TopicTable
 from .transactions import MarkerWriter, TransactionCoordinator
 
@@ -75,6 +77,10 @@ class Broker:
         self.authorizer = (Authorizer(store, super_users=parse_super_users(config["super.users"]),
                                       allow_if_no_acl=config["allow.everyone.if.no.acl.found"])
                            if config["authorizer.class.name"] else None)
+        self.quotas = ClientQuotas(store, samples=config["quota.window.num"],
+                                   window_s=config["quota.window.size.seconds"],
+                                   mutation_samples=config["controller.quota.window.num"],
+                                   mutation_window_s=config["controller.quota.window.size.seconds"])
         self.data_dir = data_dir
         self.store = store
         self.objects = objects
@@ -83,7 +89,7 @@ class Broker:
         self.cluster_id = ""
         self.table = TopicTable()
         self.membership = Membership(store, self.address, ttl_s=lease_ttl_s)
-        self.controller = Controller(store, self.membership)
+        self.controller = Controller(store, self.membership, rebalance=config["auto.leader.rebalance.enable"])
         self._sync_lock = asyncio.Lock()
         self.engine = LogEngine(EngineSettings.from_config(config), node_id=node_id, data_dir=data_dir,
                                 store=store, objects=objects, topic_info=lambda name: self.table.by_name.get(name),
@@ -91,7 +97,8 @@ class Broker:
                                 offline_reason=self._offline_reason)
         self.admin = TopicAdmin(config, store, self.table, self.engine,
                                 live_ids=lambda: [b.node_id for b in self.live_brokers()],
-                                sync=lambda: self.sync_leadership(wait=True))
+                                sync=lambda: self.sync_leadership(wait=True), live_now=self.live_ids_now)
+        self.replicas = ReplicaAdmin(store, self.table, live_now=self.live_ids_now, settle=self.settle)
         self.consumer_groups = ConsumerGroups(self._topic_ids, config=ConsumerGroupConfig(
             session_timeout_ms=config["group.consumer.session.timeout.ms"],
             heartbeat_interval_ms=config["group.consumer.heartbeat.interval.ms"],
@@ -132,6 +139,7 @@ class Broker:
         await self._starting("load topics", self._load_topics)
         if self.authorizer is not None:
             await self._starting("load the ACLs", self.authorizer.start)
+        await self._starting("load the client quotas", self.quotas.start)
         await self._starting("register", self.membership.start)
         await self._starting("start the WAL", self.engine.start)
         await self.groups.start()
@@ -156,6 +164,7 @@ class Broker:
         await self.groups.stop()
         if self.authorizer is not None:
             await self.authorizer.stop()
+        await self.quotas.stop()
         await self.membership.stop()
         await self.objects.close()
         return abandoned
@@ -201,6 +210,20 @@ class Broker:
             pending = self.engine.take_leadership(self._assignments(leading=True))
         if wait and pending:
             await asyncio.gather(*pending, return_exceptions=True)
+
+    async def live_ids_now(self) -> list[int]:
+        """The live gateways as the coordinator says now (the membership refreshed)."""
+        return sorted(await self.membership.refresh())
+
+    async def settle(self) -> None:
+        """After an operator's change: the controller's pass and our leadership sync now,
+        when we are the controller (others see it within their next tick). The change is
+        already stored: a failure here only leaves it to the next tick."""
+        try:
+            if await self.controller.run_once():
+                await self.sync_leadership()
+        except Exception as e:  # noqa: BLE001 - coordinator outage: the cluster loop retries
+            log.warning("applying an operator's change now failed, the next pass will: %s", e)
 
     async def tail_replicas(self) -> None:
         """Keep the partitions we replicate warm; lagging ones leave our ISR membership."""

@@ -10,7 +10,12 @@ the leased `controller` key and assigns partition leaders and replicas over the 
 - leaders are spread evenly: a gateway that joins takes partitions from the busiest one;
 - the ISR is the live replicas that report being caught up;
 - an offline partition (its data could not be recovered, `stratalog.engine.offline`) keeps
-  no leader until an operator recovers it: moving it would only fail again elsewhere.
+  no leader until an operator recovers it: moving it would only fail again elsewhere;
+- a partition whose replicas an operator assigned keeps them, led by its preferred replica
+  when alive (`stratalog.gateway.assignment`); the spreading leaves it alone.
+
+Operators change partition states too (reassignments, elections): every write here is a
+compare-and-set against the state the decision started from, so neither undoes the other.
 
 The controller only writes partition states; each gateway reads them and takes or drops
 leadership itself (`Broker.sync_leadership`).
@@ -24,7 +29,9 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Callable
 
-from stratalog.coordinator.model import ClusterStore, Fenced, PartitionState, TopicInfo
+from stratalog.coordinator.model import ClusterStore, Fenced, PartitionState, TopicInfo, UnknownTopic
+
+from .assignment import decide_assigned
 
 log = logging.getLogger(__name__)
 
@@ -134,14 +141,20 @@ Plan = tuple[TopicInfo, int, "PartitionState | None", PartitionState]
 
 
 def decide_partition(info: TopicInfo, p: int, old: PartitionState | None, live: list[int],
-                     lagging_of: Callable[[int], frozenset[str]]) -> PartitionState:
+                     lagging_of: Callable[[int], frozenset[str]], *,
+                     rebalance: bool = True) -> PartitionState:
     """The state a partition should have with these live gateways: replicas topped up to
     the replication factor, the ISR without lagging replicas, and a new leader (epoch + 1)
     only when the old one is dead or no longer a replica. `lagging_of(node)` names the
     "<topic id>/<partition>" the node reported not caught up on. An offline partition
-    stays as it is."""
+    stays as it is; one with an operator's assignment follows `decide_assigned`
+    (`rebalance`: auto.leader.rebalance.enable)."""
     if old is not None and old.offline:
         return old
+    if old is not None and old.assigned:
+        fallback = place_replicas(live, 1, p + zlib.crc32(info.name.encode()))
+        return decide_assigned(old, live, f"{info.topic_id}/{p}", lagging_of,
+                               fallback[0] if fallback else -1, rebalance=rebalance)
     rf = min(info.replication_factor, len(live))
     live_set = set(live)
     epoch = old.leader_epoch if old else -1
@@ -175,7 +188,7 @@ def balance_leaders(plans: list[Plan], leaders: dict[int, int]) -> list[Plan]:
     """Move at most one leadership per pass from the busiest to the idlest gateway, so a
     newcomer fills up gradually and clients see one short move at a time. `plans` are
     (topic, partition, old state, decided state); `leaders` counts decided leaderships per
-    live gateway."""
+    live gateway. Partitions with an operator's assignment count but never move."""
     if len(leaders) < 2:
         return plans
     busiest = max(leaders, key=lambda b: (leaders[b], b))
@@ -185,7 +198,7 @@ def balance_leaders(plans: list[Plan], leaders: dict[int, int]) -> list[Plan]:
     out = []
     moved = False
     for info, p, old, new in plans:
-        if not moved and new.leader == busiest:
+        if not moved and new.leader == busiest and not new.assigned:
             replicas = [idlest] + [r for r in new.replicas if r != idlest]
             replicas = replicas[:max(info.replication_factor, 1)]
             if busiest not in replicas and len(replicas) < info.replication_factor:
@@ -204,10 +217,11 @@ class Controller:
     """Runs on every gateway; acts only while it holds the controller key."""
 
     def __init__(self, store: ClusterStore, membership: Membership, *,
-                 on_change: Callable[[], None] | None = None):
+                 on_change: Callable[[], None] | None = None, rebalance: bool = True):
         self.store = store
         self.membership = membership
         self.on_change = on_change
+        self.rebalance = rebalance  # auto.leader.rebalance.enable
         self.is_controller = False
         # The inputs of the last pass that changed nothing: the same ones again would decide
         # the same, and with thousands of partitions a pass is most of an idle gateway's work.
@@ -234,7 +248,8 @@ class Controller:
         for info in sorted(topics.values(), key=lambda t: t.name):
             for p in range(info.partitions):
                 old = states.get(info.topic_id, {}).get(p)
-                new = decide_partition(info, p, old, live, self.membership.lagging_of)
+                new = decide_partition(info, p, old, live, self.membership.lagging_of,
+                                       rebalance=self.rebalance)
                 plans.append((info, p, old, new))
                 if new.leader in leaders:
                     leaders[new.leader] += 1
@@ -244,11 +259,14 @@ class Controller:
                 continue
             try:
                 await self.store.set_partition_state(info.topic_id, p, new,
-                                                     expect_epoch=None if old is None else old.leader_epoch)
+                                                     expect_epoch=None if old is None else old.leader_epoch,
+                                                     expect_state=old)
                 changed = True
-                log.info("%s-%d: leader %s -> %d (epoch %d), isr %s", info.name, p,
-                         old.leader if old else None, new.leader, new.leader_epoch, list(new.isr))
-            except (Fenced, ValueError) as e:
+                log.info("%s-%d: leader %s -> %d (epoch %d), replicas %s, isr %s%s", info.name, p,
+                         old.leader if old else None, new.leader, new.leader_epoch, list(new.replicas),
+                         list(new.isr), " (reassignment complete)" if old and old.reassigning
+                         and not new.reassigning else "")
+            except (Fenced, UnknownTopic, ValueError) as e:
                 log.info("%s-%d changed under the controller: %s", info.name, p, e)
         self._settled = None if changed else (states, view)
         if changed and self.on_change is not None:

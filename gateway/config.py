@@ -98,6 +98,19 @@ class Setting:
     sensitive: bool = False  # a secret: DescribeConfigs answers no value, logs never show it
 
 
+def setting_type(parse: Callable[[Any], Any]) -> str:
+    """Kafka's ConfigDef type of a setting parsed by `parse`, as DescribeConfigs names it."""
+    if parse is _bool:
+        return "BOOLEAN"
+    if parse is _int32:
+        return "INT"
+    if parse is _int:
+        return "LONG"
+    if parse is _policy:
+        return "LIST"
+    return "STRING"
+
+
 def _s(name, default, parse, doc, minimum=None, sensitive=False) -> Setting:
     return Setting(name, default, parse, doc, minimum, sensitive)
 
@@ -111,6 +124,7 @@ BROKER_SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("num.partitions", 1, _int32, "Partitions of an auto-created topic.", 1),
     _s("default.replication.factor", 1, _int32, "Replication factor of an auto-created topic.", 1),
     _s("auto.create.topics.enable", True, _bool, "Create a topic when a client asks for its metadata or produces to it."),
+    _s("auto.leader.rebalance.enable", True, _bool, "The controller gives a partition with assigned replicas back to its preferred replica once that one is alive again; false: only ElectLeaders does."),
     _s("max.partitions", 2**31 - 1, _int32, "Partitions the whole cluster may hold (KIP-578's name); a creation past it is refused with POLICY_VIOLATION.", 1),
     _s("message.max.bytes", 1048588, _int32, "Largest record batch a topic accepts (topic: max.message.bytes).", 0),
     _s("socket.request.max.bytes", 100 * MiB, _int32, "Largest request frame; larger frames close the connection.", 1),
@@ -132,6 +146,9 @@ BROKER_SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("log.message.timestamp.type", "CreateTime", _choice("CreateTime", "LogAppendTime"), "Topic: message.timestamp.type."),
     _s("log.cleaner.delete.retention.ms", 86_400_000, _int, "How long tombstones survive compaction (topic: delete.retention.ms).", 0),
     _s("log.cleaner.min.compaction.lag.ms", 0, _int, "Records younger than this are never compacted (topic: min.compaction.lag.ms).", 0),
+    _s("log.message.timestamp.difference.max.ms", 2**63 - 1, _int, "Deprecated by Kafka 3.6 for the two below, which fall back to it while at their defaults (topic: message.timestamp.difference.max.ms).", 0),
+    _s("log.message.timestamp.before.max.ms", 2**63 - 1, _int, "A CreateTime record older than this (against the gateway's clock) refuses its batch with INVALID_TIMESTAMP (topic: message.timestamp.before.max.ms).", 0),
+    _s("log.message.timestamp.after.max.ms", 2**63 - 1, _int, "A CreateTime record further in the future than this refuses its batch with INVALID_TIMESTAMP (topic: message.timestamp.after.max.ms). Kafka 4.0 made it 3600000; unbounded here, as in Kafka 3.x, so producers whose clocks run ahead keep working.", 0),
     _s("compression.type", "producer", _choice("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"), "Topic: compression.type (stored as produced)."),
     _s("listeners", "", _str, "Listeners as NAME://HOST:PORT, comma-separated (empty: one PLAINTEXT listener on --listen)."),
     _s("advertised.listeners", "", _str, "Where clients reach each listener, NAME://HOST:PORT (empty: --advertised for the first, else the bound address)."),
@@ -165,6 +182,10 @@ BROKER_SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("s3.connect.timeout.ms", 10_000, _int32, "S3 connection timeout per attempt.", 1),
     _s("s3.read.timeout.ms", 60_000, _int32, "S3 response timeout per attempt; a stalled request is retried after it.", 1),
     _s("s3.max.attempts", 6, _int32, "Attempts per S3 request (jittered backoff between them) before an operation fails and is retried by its caller.", 1),
+    _s("quota.window.num", 11, _int32, "Windows a client quota's rate is measured over (the newest one filling).", 1),
+    _s("quota.window.size.seconds", 1, _int32, "Length of each client quota window.", 1),
+    _s("controller.quota.window.num", 11, _int32, "Windows of controller_mutation_rate: a client may create or delete rate x windows x size partitions in one burst (KIP-599).", 1),
+    _s("controller.quota.window.size.seconds", 1, _int32, "Length of each controller_mutation_rate window.", 1),
     _s("group.initial.rebalance.delay.ms", 3000, _int32, "Wait for more members before the first rebalance of an empty group.", 0),
     _s("group.min.session.timeout.ms", 6000, _int32, "Smallest session timeout a consumer may ask for.", 1),
     _s("group.max.session.timeout.ms", 1_800_000, _int32, "Largest session timeout a consumer may ask for.", 1),
@@ -186,6 +207,9 @@ TOPIC_CONFIGS: dict[str, str] = {
     "delete.retention.ms": "log.cleaner.delete.retention.ms",
     "index.interval.bytes": "log.index.interval.bytes",
     "max.message.bytes": "message.max.bytes",
+    "message.timestamp.after.max.ms": "log.message.timestamp.after.max.ms",
+    "message.timestamp.before.max.ms": "log.message.timestamp.before.max.ms",
+    "message.timestamp.difference.max.ms": "log.message.timestamp.difference.max.ms",
     "message.timestamp.type": "log.message.timestamp.type",
     "min.compaction.lag.ms": "log.cleaner.min.compaction.lag.ms",
     "retention.bytes": "log.retention.bytes",
@@ -224,6 +248,9 @@ class BrokerConfig:
 
     def __init__(self, values: Mapping[str, Any] | None = None):
         self._values = {k: s.default for k, s in BROKER_SETTINGS.items()}
+        # Set by the operator (file, environment or flag), even to its default value:
+        # DescribeConfigs reports these as STATIC_BROKER_CONFIG, as Kafka does.
+        self.given = frozenset(values or ())
         for k, v in (values or {}).items():
             self._values[k] = parse_value(k, v)
 

@@ -56,6 +56,7 @@ _BY_TYPE: list[tuple[type, ErrorCode]] = [
     (engine.UnknownLeaderEpoch, ErrorCode.UNKNOWN_LEADER_EPOCH),
     (engine.OffsetOutOfRange, ErrorCode.OFFSET_OUT_OF_RANGE),
     (engine.RecordTooLarge, ErrorCode.MESSAGE_TOO_LARGE),
+    (engine.InvalidTimestamp, ErrorCode.INVALID_TIMESTAMP),  # before InvalidRecord, its base
     (engine.InvalidRecord, ErrorCode.INVALID_RECORD),
     (engine.SwapRefused, ErrorCode.INVALID_REQUEST),
     # Before CorruptLog, its base: a damaged range is CORRUPT_MESSAGE, which librdkafka and

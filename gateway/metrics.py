@@ -116,6 +116,18 @@ class _StateCollector:
         for (group, topic, partition), value in b.group_lag.items():
             lag.add_metric([group, topic, str(partition)], value)
         yield lag
+        quotas = getattr(b, "quotas", None)
+        if quotas is not None:
+            throttle = CounterMetricFamily("stratalog_quota_throttle_time_ms",
+                                           "Throttle time given to clients, by the quota that caused it "
+                                           "(produce, fetch, request, controller_mutation)", labels=["quota"])
+            throttled = CounterMetricFamily("stratalog_quota_throttled_responses",
+                                            "Answers that carried a quota's throttle time", labels=["quota"])
+            for kind in sorted(quotas.throttled_ms):
+                throttle.add_metric([kind], quotas.throttled_ms[kind])
+                throttled.add_metric([kind], quotas.throttled[kind])
+            yield throttle
+            yield throttled
         limits = self.metrics.connection_limits
         if limits is not None:
             open_ = GaugeMetricFamily("stratalog_connections", "Open client connections")

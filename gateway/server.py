@@ -31,6 +31,8 @@ from .handlers.registry import HANDLERS, NO_RESPONSE, ApiKey, Deferred, RequestC
 from .protocol.error_codes import ErrorCode
 from .protocol.frames import UnknownApi, decode_request, encode_response_parts, error_response
 from .protocol.wire import DecodeError
+from .quotas.rules import REQUEST_PERCENTAGE
+from .quotas.throttling import client_backs_off, with_throttle
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,11 @@ class _Activity:
 
     last: float = field(default_factory=time.monotonic)
     pending: int = 0
+    muted_until: float = 0.0  # a throttled connection is not read from until then (KIP-219)
+
+    def mute(self, throttle_ms: int) -> None:
+        if throttle_ms > 0:
+            self.muted_until = max(self.muted_until, time.monotonic() + throttle_ms / 1000)
 
 
 class GatewayServer:
@@ -176,6 +183,9 @@ class GatewayServer:
                     # moment it was cancelled and swallowed it (asyncio.wait_for before
                     # Python 3.12 does): without this the connection would outlive the stop.
                     return
+                muted = activity.muted_until - time.monotonic()
+                if muted > 0:
+                    await asyncio.sleep(muted)
                 head = await reader.readexactly(4)
                 (size,) = struct.unpack(">i", head)
                 if size < 8 or size > self.max_request_bytes:
@@ -197,6 +207,8 @@ class GatewayServer:
                         item = await self._raw_sasl(frame, peer, session)
                     else:
                         item = await self._handle(frame, peer, session)
+                        if item is not None:
+                            activity.mute(item[3].throttle_ms)
                     del frame
                 finally:
                     self.memory.release(size)
@@ -239,16 +251,24 @@ class GatewayServer:
             return None
         handler = HANDLERS[req.api_key]
         ctx = RequestContext(self.broker, req.api_key, req.api_version, req.client_id, peer,
-                             req.correlation_id, session)
+                             req.correlation_id, session, request_bytes=len(frame))
         token = serving.set(ctx)
+        timed = LoopTime(handler.fn(ctx, req.body))
         try:
-            result = await handler.fn(ctx, req.body)
+            result = await timed
         except Exception:  # noqa: BLE001 - a handler's bug fails its request, not the gateway
             result = _failure_response(ctx, "handler failed")
             if result is None:
                 return None
         finally:
             serving.reset(token)
+        quotas = getattr(self.broker, "quotas", None)
+        if quotas is not None and req.api_key not in BEFORE_AUTHENTICATION and result is not NO_RESPONSE:
+            # request_percentage: the share of the event loop's time this client's requests
+            # take, in percent of a second per second (Kafka: of one request thread's time);
+            # like Kafka, not for acks=0 produce requests, which have no answer to carry it.
+            ctx.throttle(quotas.record(REQUEST_PERCENTAGE, session.principal, req.client_id,
+                                       timed.seconds * 100))
         # Only the header goes into the queue: the request body (a produce request's records
         # are a view of its whole frame) must not live until the response is written.
         return (req.api_key, req.api_name, req.correlation_id, ctx, result, started)
@@ -281,7 +301,7 @@ class GatewayServer:
                 if out and _must_wait(item):
                     await self._send(out, writer)
                 try:
-                    if not await self._answer(item, writer, out):
+                    if not await self._answer(item, writer, out, activity):
                         return
                 finally:
                     activity.pending -= 1
@@ -301,7 +321,7 @@ class GatewayServer:
             out.clear()
             await writer.drain()
 
-    async def _answer(self, item, writer: asyncio.StreamWriter, out: list) -> bool:
+    async def _answer(self, item, writer: asyncio.StreamWriter, out: list, activity: _Activity) -> bool:
         """Encode one answer into `out` (waiting for its deferred part first); False when
         the connection was closed instead."""
         if isinstance(item, bytes):  # a raw SASL token (SaslHandshake v0)
@@ -321,6 +341,11 @@ class GatewayServer:
                 serving.reset(token)
         if result is NO_RESPONSE:
             return True
+        if ctx.throttle_ms:
+            result = with_throttle(result, ctx.throttle_ms)
+            activity.mute(ctx.throttle_ms)
+            if not client_backs_off(api_key, ctx.version):
+                await asyncio.sleep(ctx.throttle_ms / 1000)  # an old client: the broker holds it back
         try:
             data = encode_response_parts(api_key, ctx.version, correlation_id, result)
         except Exception:  # noqa: BLE001 - EncodeError: the handler's response is malformed
@@ -336,6 +361,33 @@ class GatewayServer:
 
 
 _NOTHING = object()  # no answer taken from the queue yet
+
+
+class LoopTime:
+    """Awaits a coroutine and adds up the time the event loop spent running it (its steps
+    between awaits), not the time it waited: the request quota's measure."""
+
+    __slots__ = ("coro", "seconds")
+
+    def __init__(self, coro):
+        self.coro = coro
+        self.seconds = 0.0
+
+    def __await__(self):
+        coro, send, error = self.coro, None, None
+        while True:
+            started = time.perf_counter()
+            try:
+                step = coro.throw(error) if error is not None else coro.send(send)
+            except StopIteration as done:
+                self.seconds += time.perf_counter() - started
+                return done.value
+            self.seconds += time.perf_counter() - started
+            send, error = None, None
+            try:
+                send = yield step
+            except BaseException as e:  # noqa: BLE001 - cancellation and errors go to the coroutine
+                error = e
 COALESCE_BYTES = 1024 * 1024  # answers gathered into one write at most (a Fetch may be larger alone)
 
 

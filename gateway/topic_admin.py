@@ -17,8 +17,10 @@ from typing import Awaitable, Callable
 from stratalog.coordinator.model import ClusterStore, PartitionState, TopicInfo
 from stratalog.engine import LogEngine
 
+from .assignment import assigned_states, check_assignments
 from .cluster import new_topic_assignments
-from .config import BROKER_SETTINGS, TOPIC_CONFIGS, BrokerConfig, ConfigError, parse_value
+from . import topic_configs
+from .config import BROKER_SETTINGS, BrokerConfig, ConfigError
 from .errors import KafkaError
 from .protocol.error_codes import ErrorCode
 
@@ -82,12 +84,16 @@ class TopicAdmin:
     """CreateTopics, DeleteTopics, AlterConfigs and CreatePartitions on one gateway."""
 
     def __init__(self, config: BrokerConfig, store: ClusterStore, topics: TopicTable, engine: LogEngine, *,
-                 live_ids: Callable[[], list[int]], sync: Callable[[], Awaitable[None]]):
+                 live_ids: Callable[[], list[int]], sync: Callable[[], Awaitable[None]],
+                 live_now: Callable[[], Awaitable[list[int]]] | None = None):
         self.config = config
         self.store = store
         self.topics = topics
         self.engine = engine
         self.live_ids = live_ids
+        # The live gateways read from the coordinator now: an assignment naming a gateway
+        # that joined since the last membership refresh is not refused for it.
+        self.live_now = live_now
         self.sync = sync
         self._lock = asyncio.Lock()
         self._busy: str | None = None  # the creation under way, for the shutdown log
@@ -96,22 +102,34 @@ class TopicAdmin:
         return [self._busy] if self._busy else []
 
     def check_topic_configs(self, configs: dict[str, str | None]) -> dict[str, str]:
+        """Every Kafka topic config name is taken (`topic_configs`), its value checked."""
         out = {}
         for k, v in configs.items():
-            if k not in TOPIC_CONFIGS:
+            if not topic_configs.is_topic_config(k):
                 raise KafkaError(ErrorCode.INVALID_CONFIG, f"unknown topic config {k!r}")
             if v is None:
                 raise KafkaError(ErrorCode.INVALID_CONFIG, f"topic config {k!r} has no value")
             try:
-                parse_value(k, v)
+                topic_configs.check(k, v)
             except ConfigError as e:
                 raise KafkaError(ErrorCode.INVALID_CONFIG, str(e)) from None
             out[k] = str(v)
         return out
 
     async def create_topic(self, name: str, partitions: int, replication_factor: int,
-                           configs: dict[str, str], *, validate_only: bool = False) -> TopicInfo:
+                           configs: dict[str, str], *, validate_only: bool = False,
+                           assignments: list[tuple[int, list[int]]] | None = None) -> TopicInfo:
+        """`assignments`: the operator's replicas of each partition, (index, broker ids),
+        instead of counts (both -1); the first broker id is the preferred leader."""
         validate_topic_name(name)
+        manual = None
+        if assignments:
+            if partitions != -1 or replication_factor != -1:
+                raise KafkaError(ErrorCode.INVALID_REQUEST,
+                                 "give either replica assignments or a partition count and replication "
+                                 "factor (-1 with assignments), not both")
+            manual = check_assignments(assignments, await self._live_now(), range(len(assignments)))
+            partitions, replication_factor = len(manual), len(manual[0])
         if partitions == -1:
             partitions = self.config["num.partitions"]
         if replication_factor == -1:
@@ -119,7 +137,8 @@ class TopicAdmin:
         if partitions < 1:
             raise KafkaError(ErrorCode.INVALID_PARTITIONS, f"partitions must be at least 1, not {partitions}")
         live = self.live_ids()
-        if replication_factor < 1 or replication_factor > len(live):
+        # (An assignment was checked against the live set read just now, which may be newer.)
+        if manual is None and (replication_factor < 1 or replication_factor > len(live)):
             raise KafkaError(ErrorCode.INVALID_REPLICATION_FACTOR,
                              f"replication factor {replication_factor} with {len(live)} live gateway(s)")
         configs = self.check_topic_configs(configs)
@@ -131,8 +150,9 @@ class TopicAdmin:
                 return TopicInfo(name, uuid.uuid4(), partitions, replication_factor, configs)
             self._busy = f"creating topic {name!r} ({partitions} partitions)"
             try:
-                assignments = new_topic_assignments(self.live_ids(), range(partitions), replication_factor, name)
-                info = await self.store.create_topic(name, partitions, replication_factor, configs, assignments)
+                states = (assigned_states(manual) if manual is not None else
+                          new_topic_assignments(self.live_ids(), range(partitions), replication_factor, name))
+                info = await self.store.create_topic(name, partitions, replication_factor, configs, states)
                 await self.sync()  # recoveries run a few at a time (engine/leadership.py)
             finally:
                 self._busy = None
@@ -168,7 +188,9 @@ class TopicAdmin:
                 raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
             self.topics.put(await self.store.set_topic_configs(name, configs))
 
-    async def add_partitions(self, name: str, total: int, *, validate_only: bool = False) -> None:
+    async def add_partitions(self, name: str, total: int, *, validate_only: bool = False,
+                             assignments: list[list[int]] | None = None) -> None:
+        """`assignments`: the operator's replicas of each new partition, in order."""
         async with self._lock:
             info = self.topics.by_name.get(name)
             if info is None:
@@ -176,17 +198,28 @@ class TopicAdmin:
             if total <= info.partitions:
                 raise KafkaError(ErrorCode.INVALID_PARTITIONS,
                                  f"topic {name!r} has {info.partitions} partitions; {total} would not add any")
+            new = range(info.partitions, total)
+            manual = None
+            if assignments is not None:
+                if len(assignments) != len(new):
+                    raise KafkaError(ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                                     f"topic {name!r}: {len(assignments)} assignments for {len(new)} new partitions")
+                manual = check_assignments(zip(new, assignments), await self._live_now(), new,
+                                           info.replication_factor)
             await self._check_cluster_limit(name, total - info.partitions)
             if validate_only:
                 return
             self._busy = f"adding {total - info.partitions} partitions to topic {name!r}"
             try:
-                assignments = new_topic_assignments(self.live_ids(), range(info.partitions, total),
-                                                    info.replication_factor, name)
-                await self.store.add_partitions(name, total, assignments)
+                states = (assigned_states(manual) if manual is not None else
+                          new_topic_assignments(self.live_ids(), new, info.replication_factor, name))
+                await self.store.add_partitions(name, total, states)
                 await self.sync()
             finally:
                 self._busy = None
+
+    async def _live_now(self) -> list[int]:
+        return await self.live_now() if self.live_now is not None else self.live_ids()
 
     async def _check_cluster_limit(self, name: str, adding: int) -> None:
         """max.partitions (KIP-578) bounds the partitions of every topic together."""

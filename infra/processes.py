@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -28,9 +29,32 @@ class ProcessFailed(RuntimeError):
     """A child exited, or was not ready in time; the message names it and its log's tail."""
 
 
+# Listening ports are drawn below the kernel's ephemeral range: a port from inside it (what
+# binding port 0 gives) can be taken by any outgoing connection's local end before the
+# server binds it, or while a killed server is down before its restart on the same port.
+_LISTEN_PORTS = (20000, 32767)
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port nothing listens on now (the caller binds it soon after)."""
-    with socket.socket() as s:
+    """A TCP port nothing listens on now, outside the ephemeral range where the system can
+    give it to an outgoing connection (the caller binds it soon after)."""
+    low, high = _LISTEN_PORTS[0], min(_LISTEN_PORTS[1], _ephemeral_low() - 1)
+    for _ in range(200 if high > low else 0):
+        port = random.randint(low, high)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # no room below the ephemeral range: let the system choose
         s.bind((host, 0))
         return s.getsockname()[1]
 

@@ -496,3 +496,30 @@ def test_transactions_need_write_on_their_transactional_id(acl_gateway):
     bob = Producer({**g.conf("bob"), "transactional.id": tid})
     _refused_with(lambda: bob.init_transactions(15), KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
     assert consume(g, "admin", name, f"g-{name}") == b"committed"
+
+
+def test_reassignments_and_elections_need_alter_on_the_cluster(acl_gateway):
+    """AlterPartitionReassignments and ElectLeaders need ALTER on the cluster,
+    ListPartitionReassignments DESCRIBE, as in Kafka."""
+    from confluent_kafka import ElectionType, TopicPartition
+
+    g, name = acl_gateway, f"elect-{uuid.uuid4().hex[:6]}"
+    create(g, name)
+    tp = TopicPartition(name, 0)
+    _refused_with(lambda: g.admin("bob").elect_leaders(ElectionType.PREFERRED, [tp]).result(15),
+                  KafkaError.CLUSTER_AUTHORIZATION_FAILED)
+    allowed = g.admin("admin").elect_leaders(ElectionType.PREFERRED, [tp]).result(15)
+    assert allowed[tp].code() == KafkaError.ELECTION_NOT_NEEDED
+    kafka_admin = pytest.importorskip("kafka.admin", reason="kafka-python is not installed")
+    from kafka import TopicPartition as KTopicPartition
+
+    bob = kafka_admin.KafkaAdminClient(
+        bootstrap_servers=g.conf("bob")["bootstrap.servers"], security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="SCRAM-SHA-256", sasl_plain_username="bob", sasl_plain_password=USERS["bob"])
+    try:
+        with pytest.raises(Exception, match="ClusterAuthorizationFailed"):
+            bob.list_partition_reassignments()
+        with pytest.raises(Exception, match="ClusterAuthorizationFailed"):
+            bob.alter_partition_reassignments({KTopicPartition(name, 0): [1]})
+    finally:
+        bob.close()

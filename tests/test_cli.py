@@ -393,7 +393,6 @@ def test_bad_command_lines(argv):
 def test_bad_input_against_a_broker(bootstrap, tmp_path):
     b = ["--bootstrap", bootstrap]
     topic = new_topic(bootstrap, 2)
-    assert_one_error(cli("produce", "no-such-topic", *b, input=b"x\n"), "topic 'no-such-topic' does not exist")
     assert_one_error(cli("consume", "no-such-topic", "--timeout", "2", *b), "topic 'no-such-topic' does not exist")
     assert_one_error(cli("produce", topic, "--partition", "7", *b, input=b"x\n"), "has no partition 7 (it has 2)")
     assert_one_error(cli("consume", topic, "--partition", "7", *b), "has no partition 7")
@@ -403,6 +402,34 @@ def test_bad_input_against_a_broker(bootstrap, tmp_path):
     assert_one_error(cli("topics", "alter", topic, "--config", "a=1", "--delete-config", "a", *b),
                      "both set and deleted")
     assert_one_error(cli("groups", "describe", f"nobody-{uuid.uuid4().hex[:6]}", *b), "does not exist")
+
+
+def test_produce_creates_a_missing_topic_like_kafkas_console_producer(bootstrap):
+    b = ["--bootstrap", bootstrap]
+    topic = f"auto-{uuid.uuid4().hex[:10]}"
+    assert topic not in ok("topics", "list", *b).split()
+    ok("produce", topic, "--key-separator", ":", *b, input=b"k1:one\nk2:two\n")
+    # Created with the broker's num.partitions (1), holding what was sent.
+    assert len(table(ok("topics", "describe", topic, *b), "PARTITION")) == 1
+    out = ok("consume", topic, "--from-beginning", "--print-key", "--max-messages", "2", "--timeout", "20", *b)
+    assert out.split() == ["k1", "one", "k2", "two"]
+
+
+def test_produce_to_a_missing_topic_without_auto_creation_says_so(tmp_path):
+    gw = GatewayProcess(tmp_path / "data", {"auto.create.topics.enable": "false"}).start()
+    try:
+        b = ["--bootstrap", gw.bootstrap]
+        assert_one_error(cli("produce", "no-such-topic", *b, input=b"x\n"), "topic 'no-such-topic' does not exist")
+        assert "no-such-topic" not in ok("topics", "list", *b).split()
+    finally:
+        gw.stop()
+    # A client may also decline: librdkafka's allow.auto.create.topics=false.
+    gw2 = GatewayProcess(tmp_path / "data2").start()
+    try:
+        b = ["--bootstrap", gw2.bootstrap, "--command-config", "allow.auto.create.topics=false"]
+        assert_one_error(cli("produce", "declined", *b, input=b"x\n"), "topic 'declined' does not exist")
+    finally:
+        gw2.stop()
 
 
 @pytest.mark.parametrize("argv", [

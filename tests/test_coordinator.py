@@ -831,3 +831,28 @@ def test_etcd_restart(tmp_path):
         run(go())
     finally:
         server.kill()
+
+
+def test_client_quotas_are_stored_changed_removed_and_watched(backend):
+    """KIP-546 entities: set, change, remove one value, forget an entity left empty; names
+    with '/', '=' and '<default>' itself never collide with a default; a watch sees it."""
+    async def scenario():
+        s = backend.store()
+        watch = await s.watch_client_quotas()
+        alice = (("user", "alice"),)
+        tricky = (("client-id", "<default>"), ("user", "a/b=c"))
+        default_pair = (("client-id", None), ("user", None))
+        await s.alter_client_quota(alice, {"producer_byte_rate": 1024, "consumer_byte_rate": 2048})
+        await s.alter_client_quota(tricky, {"request_percentage": 50})
+        await s.alter_client_quota(default_pair, {"controller_mutation_rate": 2})
+        await s.alter_client_quota(alice, {"consumer_byte_rate": None, "producer_byte_rate": 4096})
+        got = {q.entity: q.values for q in await s.client_quotas()}
+        assert got == {alice: {"producer_byte_rate": 4096.0}, tricky: {"request_percentage": 50.0},
+                       default_pair: {"controller_mutation_rate": 2.0}}
+        await s.alter_client_quota(tricky, {"request_percentage": None})
+        assert {q.entity for q in await s.client_quotas()} == {alice, default_pair}
+        event = await asyncio.wait_for(watch.__anext__(), 10)
+        assert "client_quotas/" in event.key
+        await watch.close()
+        await s.close()
+    run(scenario())

@@ -43,6 +43,22 @@ def flip_range(path, position: int, length: int) -> None:
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.unit
+def test_metadata_gives_an_offline_partition_its_error_not_the_topic():
+    """The topic's error stays NONE whichever partition is offline (the last one too):
+    librdkafka takes a topic-level error for the whole topic and serves none of it."""
+    from stratalog.coordinator.model import TopicInfo
+    from stratalog.gateway.handlers.metadata import describe_topic
+
+    class Broker:
+        async def partition_states(self, info):
+            return {0: PartitionState(1, 3, (1,), (1,)), 1: PartitionState(-1, 4, (1,), (), "gone")}
+
+    described = asyncio.run(describe_topic(Broker(), "t", TopicInfo("t", uuid.uuid4(), 2, 1, {})))
+    assert described["error_code"] == 0
+    assert [p["error_code"] for p in described["partitions"]] == [0, ErrorCode.KAFKA_STORAGE_ERROR]
+
+
 # ---- in process: the engine marks, refuses and repairs ------------------------------------
 
 @pytest.mark.unit

@@ -212,6 +212,33 @@ def test_keyspace_versions(kv_factory):
     run(go())
 
 
+# ---- coordinator backups ----------------------------------------------------------------
+
+def test_coordinator_backup_versions(tmp_path):
+    from dataclasses import replace
+
+    from stratalog.coordinator import backup
+    from stratalog.engine.restore import restore
+
+    b = backup.Backup("default", "c", KEYSPACE_VERSION, 5, 0, [("cluster_id", b'"c"')])
+    data = backup.encode(b)
+    assert backup.decode(data) == b
+    with pytest.raises(CoordinatorFormat) as e:
+        backup.decode(data.replace(b"BACKUP 1\n", b"BACKUP 2\n", 1), "f.backup")
+    assert str(e.value) == f"coordinator backup f.backup {NEWER}"
+    # A backup of a newer keyspace is refused before the target is touched.
+    target = open_coordinator(None, tmp_path / "target")
+    objects = open_store((tmp_path / "objects").as_uri())
+    try:
+        with pytest.raises(CoordinatorFormat) as e:
+            run(restore(replace(b, keyspace_version=KEYSPACE_VERSION + 1), target, objects, tmp_path / "scratch"))
+        assert str(e.value) == f"the backup's coordinator keyspace {NEWER}"
+        assert run(target.kv.range(target.prefix)) == []
+    finally:
+        run(target.close())
+        run(objects.close())
+
+
 # ---- the data directory -----------------------------------------------------------------
 
 def test_data_directory_versions(tmp_path):

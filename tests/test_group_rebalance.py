@@ -38,6 +38,9 @@ class Member(threading.Thread):
         self.stop_flag = threading.Event()
         self.assignment: set[int] = set()
         self.error: Exception | None = None
+        self.waiting: dict[int, list] = {}  # partition -> records whose commit has not succeeded
+        self.commit_failures: list[str] = []
+        self.events: list[tuple[float, int, str]] = []  # (time, partition, what): read on failure
 
     def run(self):
         try:
@@ -45,6 +48,7 @@ class Member(threading.Thread):
 
             def on_assign(consumer, parts):
                 self.assignment |= {p.partition for p in parts}
+                self.events += [(time.monotonic(), p.partition, "assigned") for p in parts]
                 if self.conf["partition.assignment.strategy"] == "cooperative-sticky":
                     consumer.incremental_assign(parts)
                 else:
@@ -52,16 +56,19 @@ class Member(threading.Thread):
 
             def on_revoke(consumer, parts):
                 self.assignment -= {p.partition for p in parts}
+                self.events += [(time.monotonic(), p.partition, "revoked") for p in parts]
                 if self.conf["partition.assignment.strategy"] == "cooperative-sticky":
                     consumer.incremental_unassign(parts)
                 else:
                     consumer.unassign()
 
             c.subscribe([self.topic], on_assign=on_assign, on_revoke=on_revoke)
-            waiting: dict[int, list] = {}  # partition -> records whose commit has not succeeded
+            waiting = self.waiting
             while not self.stop_flag.is_set():
                 m = c.poll(0.2)
                 if m is not None and not m.error():
+                    if not waiting.get(m.partition()):
+                        self.events.append((time.monotonic(), m.partition(), f"read from {m.offset()}"))
                     waiting.setdefault(m.partition(), []).append(m)
                 for p in [p for p in waiting if p not in self.assignment]:
                     del waiting[p]  # revoked: its next owner reads these again
@@ -70,13 +77,15 @@ class Member(threading.Thread):
                 offsets = [ck.TopicPartition(self.topic, p, ms[-1].offset() + 1) for p, ms in waiting.items()]
                 try:
                     result = c.commit(offsets=offsets, asynchronous=False)
-                except ck.KafkaException:
+                except ck.KafkaException as e:
+                    self.commit_failures.append(str(e))
                     continue
                 with self.lock:
                     for tp in result or ():
                         if tp.error is None and tp.partition in waiting:
                             self.sink.extend((r.partition(), r.offset(), r.value())
                                              for r in waiting.pop(tp.partition))
+                            self.events.append((time.monotonic(), tp.partition, f"committed {tp.offset}"))
             c.close()
         except Exception as e:  # noqa: BLE001
             self.error = e
@@ -131,5 +140,12 @@ def test_three_members_join_and_leave_without_loss_or_duplicates(gateway, strate
         m.join(20)
     assert not any(m.error for m in members), [m.error for m in members]
     values = [v for _, _, v in sink]
-    assert len(set(values)) == total, f"lost {total - len(set(values))} records"
+    missing = sorted({f"{i:06d}".encode() for i in range(total)} - set(values))
+    assert not missing, (
+        f"lost {len(missing)} records: {missing[:10]} "
+        f"(partitions {sorted({int(v) % PARTITIONS for v in missing})}); "
+        f"held uncommitted: {[{p: [r.offset() for r in rs] for p, rs in m.waiting.items()} for m in members]}; "
+        f"assignments {[m.assignment for m in members]}; "
+        f"commit failures {[m.commit_failures[-3:] for m in members]}; events on those partitions: "
+        f"{sorted((round(t, 2), i, p, what) for i, m in enumerate(members) for t, p, what in m.events if p in {int(v) % PARTITIONS for v in missing})}")
     assert len(values) == total, f"{len(values) - total} records delivered twice"

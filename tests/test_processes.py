@@ -50,3 +50,11 @@ def test_ready_when_the_probe_says_so(tmp_path):
         child.wait_until(lambda: accepting("127.0.0.1", port), 10, "accepting")
     finally:
         child.stop(5)
+
+
+def test_free_ports_lie_below_the_range_outgoing_connections_take_theirs_from():
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0]) \
+        if sys.platform == "linux" else 32768
+    ports = {free_port() for _ in range(20)}
+    assert all(1024 < p < low for p in ports), ports
+    assert len(ports) > 1  # drawn, not one fixed port

@@ -399,6 +399,15 @@ def test_appended_batches_are_written_in_runs_and_read_before_they_are(segment, 
     assert segment.log_path.read_bytes() == b"".join(batches)
 
 
+def test_more_held_batches_than_one_system_call_takes_are_all_written(segment):
+    # pwritev refuses more than IOV_MAX (1024 on Linux) buffers; 3,000 batches of 95 bytes
+    # stay under UNWRITTEN_LIMIT, so all of them are held until the write.
+    batches = fill(segment, stamps=[100] * 3000)
+    segment.write_unwritten()
+    assert segment.log_path.read_bytes() == b"".join(batches)
+    assert segment.read(BASE + 2 * 2999, 10**6) == batches[-1]
+
+
 @pytest.mark.parametrize("target", [BASE + 4, BASE + 5])
 def test_truncate_to_drops_the_batch_holding_the_offset_and_later(segment, target):
     batches = fill(segment)

@@ -21,6 +21,8 @@ from stratalog.tiering.index import OffsetIndex, TimeIndex
 
 _INT32_MAX = (1 << 31) - 1
 _I64 = struct.Struct(">q")
+# pwritev takes at most this many buffers per call (EINVAL beyond it).
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 _START_WRITEBACK = getattr(os, "POSIX_FADV_DONTNEED", None) if sys.platform == "linux" else None
 _NO_TIMESTAMP = -1
 _SCAN_CHUNK = 1 << 20
@@ -251,19 +253,24 @@ class ActiveSegment:
         if not self._unwritten or self._fd is None:
             return
         views = self._unwritten
-        position = self._size - self._unwritten_bytes
+        start = position = self._size - self._unwritten_bytes
         total = self._unwritten_bytes
-        # An OSError leaves them unwritten, to be written again from the same position.
-        done = os.pwritev(self._fd, views, position)
-        while done < total:  # a short write: finish it from where it stopped
-            done += os.pwrite(self._fd, b"".join(views)[done:], position + done)
+        # An OSError leaves them all unwritten, to be written again from the same position
+        # (rewriting a run that did reach the file writes the same bytes).
+        for first in range(0, len(views), _IOV_MAX):
+            run = views[first:first + _IOV_MAX]
+            wanted = sum(map(len, run))
+            done = os.pwritev(self._fd, run, position)
+            while done < wanted:  # a short write: finish it from where it stopped
+                done += os.pwrite(self._fd, b"".join(run)[done:], position + done)
+            position += wanted
         self._unwritten, self._unwritten_bytes = [], 0
         if _START_WRITEBACK is not None:
             # Start writing these pages to disk now, without waiting (Linux starts the
             # writeback of dirty pages it is advised of and keeps them cached): sealing
             # then finds little left to fsync, instead of gigabytes whose writeback
             # would stall every WAL fsync on the same file system for as long.
-            os.posix_fadvise(self._fd, position, total, _START_WRITEBACK)
+            os.posix_fadvise(self._fd, start, total, _START_WRITEBACK)
 
     def _track(self, header: BatchHeader, position: int) -> None:
         if header.max_timestamp > self._max_timestamp:

@@ -29,8 +29,9 @@ API_NAMES = [
     "DescribeProducers", "DescribeAcls", "CreateAcls", "DeleteAcls",
     "DescribeUserScramCredentials", "AlterUserScramCredentials",
     "AddPartitionsToTxn", "AddOffsetsToTxn", "EndTxn", "TxnOffsetCommit",
-    "DescribeTransactions", "ListTransactions", "ConsumerGroupHeartbeat",
-    "ConsumerGroupDescribe",
+    "DescribeTransactions", "ListTransactions", "DescribeClientQuotas", "AlterClientQuotas",
+    "ElectLeaders", "AlterPartitionReassignments", "ListPartitionReassignments",
+    "ConsumerGroupHeartbeat", "ConsumerGroupDescribe",
 ]
 HEADERS = ["RequestHeader", "ResponseHeader"]
 DATA = ["ConsumerProtocolSubscription", "ConsumerProtocolAssignment"]

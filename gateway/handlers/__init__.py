@@ -3,7 +3,8 @@
 import importlib
 
 _MODULES = ("api_versions", "metadata", "produce", "fetch", "list_offsets", "admin",
-            "transactions", "groups", "consumer_groups", "offsets", "sasl", "acls")
+            "transactions", "groups", "consumer_groups", "offsets", "sasl", "acls", "replicas",
+            "quotas")
 
 
 def load_handlers() -> None:

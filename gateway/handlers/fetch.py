@@ -6,6 +6,11 @@ never stall on a large batch; after that, partitions are filled while they fit i
 `max_bytes`, which the broker's `fetch.max.bytes` caps. A partition listed more than once
 is answered once.
 
+Under a consumer_byte_rate quota a response holds at most what is left of the quota over
+its measured span; one that would take the client over its quota (its first batch alone
+may) is answered empty with the throttle time instead and its bytes are not counted, as
+Kafka does.
+
 READ_COMMITTED fetches stop at the last stable offset and list the aborted transactions
 in the range, whose records the client drops (leaders and replicas alike).
 """
@@ -18,6 +23,7 @@ from stratalog.engine.errors import EngineError
 from stratalog.gateway.auth.acls import Operation, ResourceType
 from stratalog.gateway.errors import error_code
 from stratalog.gateway.protocol.error_codes import ErrorCode
+from stratalog.gateway.quotas.rules import CONSUMER_BYTE_RATE
 from .registry import ApiKey, Deferred, RequestContext, handles
 
 
@@ -32,8 +38,10 @@ def _resolve_topic(broker, t, version: int):
 READ_COMMITTED = 1
 
 
-async def _read_all(broker, req, version: int, readable) -> tuple[list, int]:
+async def _read_all(broker, req, version: int, readable, quota_bytes: int | None) -> tuple[list, int]:
     remaining = min(req.max_bytes if version >= 3 else 0x7FFFFFFF, broker.config["fetch.max.bytes"])
+    if quota_bytes is not None:
+        remaining = min(remaining, quota_bytes)
     committed_only = req.isolation_level == READ_COMMITTED
     seen: set[tuple[str, int]] = set()
     total = 0
@@ -85,6 +93,8 @@ async def _read_all(broker, req, version: int, readable) -> tuple[list, int]:
             except EngineError as e:
                 entry["error_code"] = error_code(e)
                 continue
+            if total > 0 and len(data) > limit:
+                data = b""  # only the first partition with data may go past the limit (one batch)
             if committed_only:
                 entry["aborted_transactions"] = [
                     {"producer_id": a.producer_id, "first_offset": a.first_offset}
@@ -93,8 +103,6 @@ async def _read_all(broker, req, version: int, readable) -> tuple[list, int]:
                 entry["records"] = data
                 total += len(data)
                 remaining -= len(data)
-                if broker.metrics is not None:
-                    broker.metrics.fetched(name, len(data))
         responses.append({"topic": name if name is not None else t.get("topic", ""),
                           "topic_id": topic_id, "partitions": parts})
     return responses, total
@@ -107,26 +115,50 @@ async def fetch(ctx: RequestContext, req):
     def readable(topic: str) -> bool:
         return ctx.allowed(Operation.READ, ResourceType.TOPIC, topic)
 
-    responses, total = await _read_all(broker, req, version, readable)
+    quota_bytes = broker.quotas.fetch_allowance(ctx.principal, ctx.client_id)
+    responses, total = await _read_all(broker, req, version, readable, quota_bytes)
     if total >= max(req.min_bytes, 1) or req.max_wait_ms <= 0 or _has_errors(responses):
-        return _body(responses)
-    return Deferred(_long_poll(broker, req, version, responses, total, readable))
+        return _answer(ctx, responses, total)
+    return Deferred(_long_poll(ctx, req, version, responses, total, readable, quota_bytes))
 
 
 def _has_errors(responses) -> bool:
     return any(p["error_code"] for t in responses for p in t["partitions"])
 
 
-async def _long_poll(broker, req, version, responses, total, readable):
+async def _long_poll(ctx, req, version, responses, total, readable, quota_bytes):
+    broker = ctx.broker
     deadline = time.monotonic() + req.max_wait_ms / 1000
     while total < max(req.min_bytes, 1):
         left = deadline - time.monotonic()
         if left <= 0:
             break
         await broker.engine.wait_for_data(left)
-        responses, total = await _read_all(broker, req, version, readable)
+        responses, total = await _read_all(broker, req, version, readable, quota_bytes)
         if _has_errors(responses):
             break
+    return _answer(ctx, responses, total)
+
+
+def _answer(ctx: RequestContext, responses, total: int) -> dict:
+    """The response, or an empty one when its bytes would take the client over its
+    consumer_byte_rate (those bytes are then not counted)."""
+    broker = ctx.broker
+    quotas = broker.quotas
+    throttle_ms = quotas.record(CONSUMER_BYTE_RATE, ctx.principal, ctx.client_id, total)
+    if throttle_ms <= 0:
+        if broker.metrics is not None:
+            for t in responses:
+                for p in t["partitions"]:
+                    if p["records"]:
+                        broker.metrics.fetched(t["topic"], len(p["records"]))
+        return _body(responses)
+    quotas.unrecord(CONSUMER_BYTE_RATE, ctx.principal, ctx.client_id, total)
+    ctx.throttle(throttle_ms)
+    for t in responses:
+        for p in t["partitions"]:
+            p["records"] = b""
+            p["aborted_transactions"] = None
     return _body(responses)
 
 

@@ -33,12 +33,14 @@ async def describe_topic(broker, name: str, info, error: int = 0) -> dict:
                 partitions.append({"error_code": ErrorCode.LEADER_NOT_AVAILABLE, "partition_index": p,
                                    "leader_id": -1, "replica_nodes": [], "isr_nodes": []})
                 continue
+            # The partition's own error: the topic's (`error`) stays as given, or a client
+            # (librdkafka) would take the whole topic for unavailable.
             if st.offline:  # its data could not be recovered: no leader, every replica offline
-                error, offline = ErrorCode.KAFKA_STORAGE_ERROR, list(st.replicas)
+                p_error, offline = ErrorCode.KAFKA_STORAGE_ERROR, list(st.replicas)
             else:
-                error, offline = (0 if st.leader >= 0 else ErrorCode.LEADER_NOT_AVAILABLE), []
+                p_error, offline = (0 if st.leader >= 0 else ErrorCode.LEADER_NOT_AVAILABLE), []
             partitions.append({
-                "error_code": error, "partition_index": p, "leader_id": st.leader,
+                "error_code": p_error, "partition_index": p, "leader_id": st.leader,
                 "leader_epoch": st.leader_epoch, "replica_nodes": list(st.replicas),
                 "isr_nodes": list(st.isr), "offline_replicas": offline,
             })

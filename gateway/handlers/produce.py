@@ -15,16 +15,17 @@ from __future__ import annotations
 import asyncio
 
 from stratalog.coordinator.transactions import TxnStatus
-from stratalog.engine.errors import EngineError
+from stratalog.engine.errors import EngineError, InvalidRecord
 from stratalog.gateway.auth.acls import Operation, ResourceType
 from stratalog.gateway.errors import error_code, error_message
 from stratalog.gateway.protocol.error_codes import ErrorCode
+from stratalog.gateway.quotas.rules import PRODUCER_BYTE_RATE
 from stratalog.tiering.batch import HEADER_SIZE, BatchHeader
 
 from .registry import NO_RESPONSE, ApiKey, Deferred, RequestContext, handles
 
 
-def _produce_partition(broker, topic: str, index: int, records, now_ms: int):
+def _produce_partition(broker, topic: str, index: int, records, now_ms: int, version: int):
     """Append one partition's batches; returns (response dict, awaitable or None)."""
     resp = {"index": index, "error_code": 0, "base_offset": -1, "log_append_time_ms": -1,
             "log_start_offset": -1}
@@ -33,6 +34,11 @@ def _produce_partition(broker, topic: str, index: int, records, now_ms: int):
     except Exception as e:  # noqa: BLE001 - every failure becomes this partition's error code
         resp["error_code"] = error_code(e)
         resp["error_message"] = error_message(e)
+        if version >= 8 and isinstance(e, InvalidRecord) and e.records:
+            # KIP-467: the records to blame, so clients fail those with INVALID_RECORD and
+            # the rest of the batch with an error of their own (librdkafka:
+            # _INVALID_DIFFERENT_RECORD). Older versions have the partition's code only.
+            resp["record_errors"] = [{"batch_index": i, "batch_index_error_message": m} for i, m in e.records]
         return resp, None
     if broker.metrics is not None:
         broker.metrics.produced(topic, appended.bytes, appended.records)
@@ -66,12 +72,15 @@ async def produce(ctx: RequestContext, req):
                         "error_message": refused[1]}
                 wait = None
             else:
-                resp, wait = _produce_partition(broker, t.name, pd.index, pd.records, now_ms)
+                resp, wait = _produce_partition(broker, t.name, pd.index, pd.records, now_ms, ctx.version)
             parts.append(resp)
             if wait is not None:
                 waits.append((resp, wait))
         responses.append({"name": t.name, "partition_responses": parts})
     body = {"responses": responses, "throttle_time_ms": 0}
+    # producer_byte_rate counts the whole request, as Kafka does; the batches are kept and
+    # the answer (or, for acks=0, the connection) carries the throttle.
+    ctx.throttle(broker.quotas.record(PRODUCER_BYTE_RATE, ctx.principal, ctx.client_id, ctx.request_bytes))
     if req.acks == 0:
         return NO_RESPONSE
     if req.acks == 1 or not waits:

@@ -29,6 +29,17 @@ class RequestContext:
     peer: str  # "host:port" of the client
     correlation_id: int = -1
     session: "Session | None" = None  # the connection's listener and principal
+    request_bytes: int = 0  # the request frame's size (what a produce quota counts)
+    throttle_ms: int = 0  # a quota's throttle: the answer carries it, the connection is muted
+
+    @property
+    def principal(self) -> str:
+        return self.session.principal if self.session is not None else "User:ANONYMOUS"
+
+    def throttle(self, ms: int) -> None:
+        """Throttle the client for `ms` (the longest of several quotas' throttles wins)."""
+        if ms > self.throttle_ms:
+            self.throttle_ms = ms
 
     def allowed(self, operation: "Operation", resource_type: "ResourceType", name: str) -> bool:
         """Whether this connection's principal may do `operation` on the resource (always,

@@ -1053,6 +1053,128 @@ LIST_TRANSACTIONS_RESPONSE = Schema('ListTransactionsResponse', 0, 1, 0, (
     )),
 ))
 
+DESCRIBE_CLIENT_QUOTAS_REQUEST = Schema('DescribeClientQuotasRequest', 0, 1, 1, (
+    F('components', '[]struct', 0, fields=(
+        F('entity_type', 'string', 0, default=''),
+        F('match_type', 'int8', 0, default=0),
+        F('match', 'string', 0, nullable=(0, 32767), default=''),
+    )),
+    F('strict', 'bool', 0, default=False),
+))
+
+DESCRIBE_CLIENT_QUOTAS_RESPONSE = Schema('DescribeClientQuotasResponse', 0, 1, 1, (
+    F('throttle_time_ms', 'int32', 0, default=0),
+    F('error_code', 'int16', 0, default=0),
+    F('error_message', 'string', 0, nullable=(0, 32767), default=''),
+    F('entries', '[]struct', 0, nullable=(0, 32767), fields=(
+        F('entity', '[]struct', 0, fields=(
+            F('entity_type', 'string', 0, default=''),
+            F('entity_name', 'string', 0, nullable=(0, 32767), default=''),
+        )),
+        F('values', '[]struct', 0, fields=(
+            F('key', 'string', 0, default=''),
+            F('value', 'float64', 0, default=0.0),
+        )),
+    )),
+))
+
+ALTER_CLIENT_QUOTAS_REQUEST = Schema('AlterClientQuotasRequest', 0, 1, 1, (
+    F('entries', '[]struct', 0, fields=(
+        F('entity', '[]struct', 0, fields=(
+            F('entity_type', 'string', 0, default=''),
+            F('entity_name', 'string', 0, nullable=(0, 32767), default=''),
+        )),
+        F('ops', '[]struct', 0, fields=(
+            F('key', 'string', 0, default=''),
+            F('value', 'float64', 0, default=0.0),
+            F('remove', 'bool', 0, default=False),
+        )),
+    )),
+    F('validate_only', 'bool', 0, default=False),
+))
+
+ALTER_CLIENT_QUOTAS_RESPONSE = Schema('AlterClientQuotasResponse', 0, 1, 1, (
+    F('throttle_time_ms', 'int32', 0, default=0),
+    F('entries', '[]struct', 0, fields=(
+        F('error_code', 'int16', 0, default=0),
+        F('error_message', 'string', 0, nullable=(0, 32767), default=''),
+        F('entity', '[]struct', 0, fields=(
+            F('entity_type', 'string', 0, default=''),
+            F('entity_name', 'string', 0, nullable=(0, 32767), default=''),
+        )),
+    )),
+))
+
+ELECT_LEADERS_REQUEST = Schema('ElectLeadersRequest', 0, 2, 2, (
+    F('election_type', 'int8', 1, default=0),
+    F('topic_partitions', '[]struct', 0, nullable=(0, 32767), fields=(
+        F('topic', 'string', 0, default=''),
+        F('partitions', '[]int32', 0),
+    )),
+    F('timeout_ms', 'int32', 0, default=60000),
+))
+
+ELECT_LEADERS_RESPONSE = Schema('ElectLeadersResponse', 0, 2, 2, (
+    F('throttle_time_ms', 'int32', 0, default=0),
+    F('error_code', 'int16', 1, default=0),
+    F('replica_election_results', '[]struct', 0, fields=(
+        F('topic', 'string', 0, default=''),
+        F('partition_result', '[]struct', 0, fields=(
+            F('partition_id', 'int32', 0, default=0),
+            F('error_code', 'int16', 0, default=0),
+            F('error_message', 'string', 0, nullable=(0, 32767), default=''),
+        )),
+    )),
+))
+
+ALTER_PARTITION_REASSIGNMENTS_REQUEST = Schema('AlterPartitionReassignmentsRequest', 0, 0, 0, (
+    F('timeout_ms', 'int32', 0, default=60000),
+    F('topics', '[]struct', 0, fields=(
+        F('name', 'string', 0, default=''),
+        F('partitions', '[]struct', 0, fields=(
+            F('partition_index', 'int32', 0, default=0),
+            F('replicas', '[]int32', 0, nullable=(0, 32767), default='null'),
+        )),
+    )),
+))
+
+ALTER_PARTITION_REASSIGNMENTS_RESPONSE = Schema('AlterPartitionReassignmentsResponse', 0, 0, 0, (
+    F('throttle_time_ms', 'int32', 0, default=0),
+    F('error_code', 'int16', 0, default=0),
+    F('error_message', 'string', 0, nullable=(0, 32767), default=''),
+    F('responses', '[]struct', 0, fields=(
+        F('name', 'string', 0, default=''),
+        F('partitions', '[]struct', 0, fields=(
+            F('partition_index', 'int32', 0, default=0),
+            F('error_code', 'int16', 0, default=0),
+            F('error_message', 'string', 0, nullable=(0, 32767), default=''),
+        )),
+    )),
+))
+
+LIST_PARTITION_REASSIGNMENTS_REQUEST = Schema('ListPartitionReassignmentsRequest', 0, 0, 0, (
+    F('timeout_ms', 'int32', 0, default=60000),
+    F('topics', '[]struct', 0, nullable=(0, 32767), default='null', fields=(
+        F('name', 'string', 0, default=''),
+        F('partition_indexes', '[]int32', 0),
+    )),
+))
+
+LIST_PARTITION_REASSIGNMENTS_RESPONSE = Schema('ListPartitionReassignmentsResponse', 0, 0, 0, (
+    F('throttle_time_ms', 'int32', 0, default=0),
+    F('error_code', 'int16', 0, default=0),
+    F('error_message', 'string', 0, nullable=(0, 32767), default=''),
+    F('topics', '[]struct', 0, fields=(
+        F('name', 'string', 0, default=''),
+        F('partitions', '[]struct', 0, fields=(
+            F('partition_index', 'int32', 0, default=0),
+            F('replicas', '[]int32', 0),
+            F('adding_replicas', '[]int32', 0),
+            F('removing_replicas', '[]int32', 0),
+        )),
+    )),
+))
+
 CONSUMER_GROUP_HEARTBEAT_REQUEST = Schema('ConsumerGroupHeartbeatRequest', 0, 1, 0, (
     F('group_id', 'string', 0, default=''),
     F('member_id', 'string', 0, default=''),
@@ -1163,8 +1285,13 @@ class ApiKey(IntEnum):
     SASL_AUTHENTICATE = 36
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
+    ELECT_LEADERS = 43
     INCREMENTAL_ALTER_CONFIGS = 44
+    ALTER_PARTITION_REASSIGNMENTS = 45
+    LIST_PARTITION_REASSIGNMENTS = 46
     OFFSET_DELETE = 47
+    DESCRIBE_CLIENT_QUOTAS = 48
+    ALTER_CLIENT_QUOTAS = 49
     DESCRIBE_USER_SCRAM_CREDENTIALS = 50
     ALTER_USER_SCRAM_CREDENTIALS = 51
     DESCRIBE_CLUSTER = 60
@@ -1210,8 +1337,13 @@ APIS: dict[int, tuple[str, Schema, Schema]] = {
     ApiKey.SASL_AUTHENTICATE: ('SaslAuthenticate', SASL_AUTHENTICATE_REQUEST, SASL_AUTHENTICATE_RESPONSE),
     ApiKey.CREATE_PARTITIONS: ('CreatePartitions', CREATE_PARTITIONS_REQUEST, CREATE_PARTITIONS_RESPONSE),
     ApiKey.DELETE_GROUPS: ('DeleteGroups', DELETE_GROUPS_REQUEST, DELETE_GROUPS_RESPONSE),
+    ApiKey.ELECT_LEADERS: ('ElectLeaders', ELECT_LEADERS_REQUEST, ELECT_LEADERS_RESPONSE),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: ('IncrementalAlterConfigs', INCREMENTAL_ALTER_CONFIGS_REQUEST, INCREMENTAL_ALTER_CONFIGS_RESPONSE),
+    ApiKey.ALTER_PARTITION_REASSIGNMENTS: ('AlterPartitionReassignments', ALTER_PARTITION_REASSIGNMENTS_REQUEST, ALTER_PARTITION_REASSIGNMENTS_RESPONSE),
+    ApiKey.LIST_PARTITION_REASSIGNMENTS: ('ListPartitionReassignments', LIST_PARTITION_REASSIGNMENTS_REQUEST, LIST_PARTITION_REASSIGNMENTS_RESPONSE),
     ApiKey.OFFSET_DELETE: ('OffsetDelete', OFFSET_DELETE_REQUEST, OFFSET_DELETE_RESPONSE),
+    ApiKey.DESCRIBE_CLIENT_QUOTAS: ('DescribeClientQuotas', DESCRIBE_CLIENT_QUOTAS_REQUEST, DESCRIBE_CLIENT_QUOTAS_RESPONSE),
+    ApiKey.ALTER_CLIENT_QUOTAS: ('AlterClientQuotas', ALTER_CLIENT_QUOTAS_REQUEST, ALTER_CLIENT_QUOTAS_RESPONSE),
     ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: ('DescribeUserScramCredentials', DESCRIBE_USER_SCRAM_CREDENTIALS_REQUEST, DESCRIBE_USER_SCRAM_CREDENTIALS_RESPONSE),
     ApiKey.ALTER_USER_SCRAM_CREDENTIALS: ('AlterUserScramCredentials', ALTER_USER_SCRAM_CREDENTIALS_REQUEST, ALTER_USER_SCRAM_CREDENTIALS_RESPONSE),
     ApiKey.DESCRIBE_CLUSTER: ('DescribeCluster', DESCRIBE_CLUSTER_REQUEST, DESCRIBE_CLUSTER_RESPONSE),

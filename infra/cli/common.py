@@ -97,6 +97,14 @@ def enum_label(value: object) -> str:
     return "".join(part.capitalize() for part in name.split("_"))
 
 
+def add_s3_options(p: argparse.ArgumentParser) -> None:
+    """`--s3-endpoint`, `--s3-region`, `--s3-path-style` (read with s3_store_options)."""
+    s3 = p.add_argument_group("S3")
+    s3.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint (default: the AWS configuration)")
+    s3.add_argument("--s3-region", metavar="REGION", help="S3 region (default: the AWS configuration)")
+    s3.add_argument("--s3-path-style", action="store_true", help="address buckets by path, not by host")
+
+
 def s3_store_options(args) -> dict:
     """Object-store options from the `--s3-endpoint`, `--s3-region`, `--s3-path-style` flags."""
     options = {}

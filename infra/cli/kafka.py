@@ -147,9 +147,14 @@ class Cluster:
             reason(cause) if cause is not None else "no answer")
         return CliError(f"cannot reach a broker at {self.bootstrap} within {self.timeout:g}s: {detail}")
 
-    def metadata(self, client) -> ClusterMetadata:
-        """Metadata of every topic; proves the broker answers within the timeout."""
+    def metadata(self, client, topic: str | None = None) -> ClusterMetadata:
+        """Metadata of every topic, or of `topic` alone; proves the broker answers within
+        the timeout. Asked by a producer for one topic, the request lets the broker create
+        it when `auto.create.topics.enable` is on (librdkafka's allow.auto.create.topics is
+        on for producers), as Kafka's console producer does."""
         try:
+            if topic is not None:
+                return client.list_topics(topic=topic, timeout=self.timeout)
             return client.list_topics(timeout=self.timeout)
         except KafkaException as exc:
             self._drain(client)

@@ -97,7 +97,8 @@ def _produce(args, stream: BinaryIO, size: int | None, separator: bytes | None, 
         # a broker that goes away mid-stream ends the command instead of stalling it.
         "message.timeout.ms": cluster.timeout_ms,
     })
-    topic = cluster.topic(cluster.metadata(producer), args.topic)
+    # Asking for this topic alone creates it if the broker auto-creates topics.
+    topic = cluster.topic(cluster.metadata(producer, args.topic), args.topic)
     if args.partition is not None and args.partition not in topic.partitions:
         raise CliError(f"topic {args.topic!r} has no partition {args.partition} "
                        f"(it has {len(topic.partitions)})")

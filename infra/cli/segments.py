@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from stratalog.infra.cli.common import CliError, non_negative_int, print_table, s3_store_options, stderr_is_terminal
+from stratalog.infra.cli.common import CliError, add_s3_options, non_negative_int, print_table, s3_store_options, stderr_is_terminal
 
 DEFAULT_DATA_DIR = "stratalog-data"
 
@@ -63,10 +63,7 @@ def _add_store_options(p: argparse.ArgumentParser) -> None:
     where.add_argument("--object-store", metavar="URL",
                        help=f"file:///PATH or s3://BUCKET/PREFIX (default file://./{DEFAULT_DATA_DIR}/objects)")
     where.add_argument("--data-dir", type=Path, metavar="DIR", help="a gateway's data directory: file://DIR/objects")
-    s3 = p.add_argument_group("S3")
-    s3.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint (default: the AWS configuration)")
-    s3.add_argument("--s3-region", metavar="REGION", help="S3 region (default: the AWS configuration)")
-    s3.add_argument("--s3-path-style", action="store_true", help="address buckets by path, not by host")
+    add_s3_options(p)
 
 
 def run(args: argparse.Namespace) -> int:  # every action binds its own run_*

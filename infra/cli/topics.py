@@ -16,10 +16,12 @@ from confluent_kafka.admin import (
 
 from stratalog.infra.cli.common import CliError, key_value, positive_int, print_table, unique_pairs
 from stratalog.infra.cli.kafka import Cluster, add_connection_options, error_code, reason
+from stratalog.infra.cli.replicas import add_actions as add_replica_actions
+from stratalog.infra.cli.replicas import replica_assignment
 
 
 def add_parser(subparsers) -> None:
-    topics = subparsers.add_parser("topics", help="create, list, describe, alter and delete topics",
+    topics = subparsers.add_parser("topics", help="create, list, describe, alter, delete topics; place replicas",
                                    description="Manage topics through the Kafka admin API.")
     actions = topics.add_subparsers(dest="action", metavar="ACTION", required=True)
 
@@ -30,6 +32,9 @@ def add_parser(subparsers) -> None:
                    help="replicas per partition (default: the broker's)")
     p.add_argument("--config", action="append", type=key_value, default=[], metavar="KEY=VALUE",
                    help="a topic config, e.g. retention.ms=86400000 (repeatable)")
+    p.add_argument("--replica-assignment", type=replica_assignment, metavar="B:B,B:B,...",
+                   help="each partition's broker ids, partitions separated by ',' and the first id of each its "
+                        "preferred leader (as kafka-topics); instead of --partitions and --replication-factor")
     p.add_argument("--if-not-exists", action="store_true", help="succeed if the topic already exists")
     add_connection_options(p)
     p.set_defaults(run=run_create)
@@ -51,6 +56,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--delete-config", action="append", default=[], metavar="KEY",
                    help="return a topic config to its default (repeatable)")
     p.add_argument("--partitions", type=positive_int, metavar="N", help="new, larger partition count")
+    p.add_argument("--replica-assignment", type=replica_assignment, metavar="B:B,B:B,...",
+                   help="with --partitions: the new partitions' broker ids (or every partition's, as "
+                        "kafka-topics takes them: the existing ones are skipped)")
     add_connection_options(p)
     p.set_defaults(run=run_alter)
 
@@ -59,20 +67,31 @@ def add_parser(subparsers) -> None:
     add_connection_options(p)
     p.set_defaults(run=run_delete)
 
+    add_replica_actions(actions)
+
 
 def run(args: argparse.Namespace) -> int:  # every action binds its own run_*
-    raise CliError("choose an action: create, list, describe, alter or delete")
+    raise CliError("choose an action: create, list, describe, alter, delete, reassign, reassignments or elect")
 
 
 def run_create(args: argparse.Namespace) -> int:
     configs = unique_pairs(args.config, "config")
+    assignment = args.replica_assignment
+    if assignment is not None and (args.partitions or args.replication_factor):
+        raise CliError("--replica-assignment sets the partitions and their replicas: "
+                       "give no --partitions nor --replication-factor with it")
     cluster = Cluster.from_args(args)
     admin = cluster.admin()
     cluster.metadata(admin)
-    topic = NewTopic(args.name,
-                     num_partitions=args.partitions or -1,
-                     replication_factor=args.replication_factor or -1,
-                     config=configs)
+    if assignment is not None:
+        # confluent-kafka wants the count beside the lists; the request carries only the lists.
+        topic = NewTopic(args.name, num_partitions=len(assignment), replica_assignment=assignment,
+                         config=configs)
+    else:
+        topic = NewTopic(args.name,
+                         num_partitions=args.partitions or -1,
+                         replication_factor=args.replication_factor or -1,
+                         config=configs)
     future = admin.create_topics([topic], request_timeout=cluster.timeout)[args.name]
     try:
         cluster.wait(future, f"cannot create topic {args.name!r}")
@@ -176,6 +195,17 @@ def run_alter(args: argparse.Namespace) -> int:
     if args.partitions is not None and args.partitions <= len(topic.partitions):
         raise CliError(f"topic {args.name!r} has {len(topic.partitions)} partitions; "
                        f"--partitions can only grow it, got {args.partitions}")
+    assignment = args.replica_assignment
+    if assignment is not None:
+        if args.partitions is None:
+            raise CliError("--replica-assignment places new partitions: give --partitions too "
+                           "(`stratalog topics reassign` moves existing ones)")
+        adding = args.partitions - len(topic.partitions)
+        if len(assignment) == args.partitions:
+            assignment = assignment[len(topic.partitions):]
+        if len(assignment) != adding:
+            raise CliError(f"--replica-assignment lists {len(args.replica_assignment)} partitions; growing "
+                           f"{args.name!r} to {args.partitions} adds {adding} (list those, or all {args.partitions})")
     if sets or deletes:
         entries = [ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in sets.items()]
         entries += [ConfigEntry(k, None, incremental_operation=AlterConfigOpType.DELETE) for k in deletes]
@@ -184,8 +214,10 @@ def run_alter(args: argparse.Namespace) -> int:
         for future in futures.values():
             cluster.wait(future, f"cannot alter configs of topic {args.name!r}")
     if args.partitions is not None:
-        futures = admin.create_partitions([NewPartitions(args.name, args.partitions)],
-                                          request_timeout=cluster.timeout)
+        # (confluent-kafka refuses replica_assignment=None: give it only with lists.)
+        grow = (NewPartitions(args.name, args.partitions) if assignment is None else
+                NewPartitions(args.name, args.partitions, replica_assignment=assignment))
+        futures = admin.create_partitions([grow], request_timeout=cluster.timeout)
         cluster.wait(futures[args.name], f"cannot add partitions to topic {args.name!r}")
     print(f"altered topic {args.name!r}")
     return 0

@@ -244,12 +244,12 @@ def _scram(conn: Connection, mechanism: str, user: str, password: str) -> None:
         raise CliError(f"{conn.address} did not prove it knows the SCRAM credential")
 
 
-def _bootstrap(cluster: Cluster) -> Connection:
-    """A connection to the first --bootstrap address that answers."""
+def bootstrap_connection(cluster: Cluster, kind: type[Connection] = Connection) -> Connection:
+    """A connection (of `kind`) to the first --bootstrap address that answers."""
     failures = []
     for address in [a for a in cluster.bootstrap.split(",") if a.strip()]:
         try:
-            return Connection(cluster, address.strip())
+            return kind(cluster, address.strip())
         except CliError as exc:
             failures.append(exc)
     if len(failures) == 1:
@@ -271,7 +271,7 @@ def run_list(args: argparse.Namespace) -> int:
                "producer_id_filters": list(dict.fromkeys(args.producer_id))}
     rows: dict[str, list] = {}
     unknown: set[str] = set()
-    with _bootstrap(cluster) as first:
+    with bootstrap_connection(cluster) as first:
         brokers = _brokers(first)
         answered = 0
         for node_id, address in brokers:
@@ -307,7 +307,7 @@ def run_describe(args: argparse.Namespace) -> int:
         raise CliError("the transactional id must not be empty")
     cluster = Cluster.from_args(args)
     deadline = time.monotonic() + cluster.timeout
-    with _bootstrap(cluster) as first:
+    with bootstrap_connection(cluster) as first:
         while True:
             node_id, address, state = _ask_coordinator(cluster, first, tid)
             code = state.error_code if state is not None else ErrorCode.COORDINATOR_NOT_AVAILABLE

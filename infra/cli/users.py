@@ -9,14 +9,13 @@ the salted SCRAM credential is stored; the password is read from a file or stand
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 from pathlib import Path
 
-from stratalog.infra.cli.common import CliError, UsageError, key_value, print_table
+from stratalog.infra.cli.common import CliError, UsageError, print_table
+from stratalog.infra.cli.coordinator_access import add_coordinator_options, open_coordinator_store
 
-DEFAULT_DATA_DIR = "stratalog-data"
 MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
@@ -34,53 +33,18 @@ def add_parser(subparsers) -> None:
     p.add_argument("--mechanism", choices=(*MECHANISMS, "all"), default="all",
                    help="the SCRAM mechanism(s) to store a credential for (default: both)")
     p.add_argument("--iterations", type=int, default=8192, help="PBKDF2 iterations, 4096-16384 (default 8192)")
-    _coordinator_options(p)
+    add_coordinator_options(p)
     p.set_defaults(run=run_add)
 
     p = actions.add_parser("list", help="list users and their mechanisms (never a secret)")
-    _coordinator_options(p)
+    add_coordinator_options(p)
     p.set_defaults(run=run_list)
 
     p = actions.add_parser("delete", help="delete a user's credentials")
     p.add_argument("name")
     p.add_argument("--mechanism", choices=(*MECHANISMS, "all"), default="all")
-    _coordinator_options(p)
+    add_coordinator_options(p)
     p.set_defaults(run=run_delete)
-
-
-def _coordinator_options(p: argparse.ArgumentParser) -> None:
-    where = p.add_argument_group("coordinator").add_mutually_exclusive_group()
-    where.add_argument("--data-dir", type=Path, default=Path(DEFAULT_DATA_DIR), metavar="DIR",
-                       help=f"the embedded coordinator of this data directory (default ./{DEFAULT_DATA_DIR})")
-    where.add_argument("--coordinator", metavar="etcd://HOST:PORT", help="an etcd coordinator")
-    p.add_argument("--cluster", default="default", help="cluster name in the coordinator (default: default)")
-    p.add_argument("--config", type=Path, metavar="FILE",
-                   help="the gateways' TOML settings file, for etcd.ssl.* and etcd.username/etcd.password.file")
-    p.add_argument("--set", dest="settings", action="append", default=[], type=key_value, metavar="KEY=VALUE",
-                   help="an etcd.* setting (repeatable)")
-
-
-def _open(args):
-    from stratalog.coordinator import open_coordinator
-    from stratalog.coordinator.kv import DataDirInUse
-    from stratalog.gateway.app import StartupError, etcd_security
-    from stratalog.gateway.config import BrokerConfig, ConfigError, load_settings
-
-    try:
-        config = BrokerConfig(load_settings(args.config, env={}, flags=dict(args.settings)))
-        security = etcd_security(config)
-    except (ConfigError, StartupError) as e:
-        raise UsageError(str(e)) from None
-
-    if args.coordinator is None:
-        args.data_dir.mkdir(parents=True, exist_ok=True)  # users may come before the first start
-    try:
-        return open_coordinator(args.coordinator, args.data_dir, args.cluster, etcd_security=security)
-    except DataDirInUse:
-        raise CliError(f"a gateway is running on {args.data_dir}: stop it first (the embedded "
-                       "coordinator has one user at a time), or use an etcd coordinator") from None
-    except ValueError as e:
-        raise UsageError(str(e)) from None
 
 
 def _mechanisms(choice: str) -> tuple[str, ...]:
@@ -110,7 +74,7 @@ def run_add(args) -> int:
         raise UsageError(str(e)) from None
 
     async def add():
-        store = _open(args)
+        store = open_coordinator_store(args)
         try:
             await store.check_keyspace(mark=False)
             for c in credentials:
@@ -125,7 +89,7 @@ def run_add(args) -> int:
 
 def run_list(args) -> int:
     async def listing():
-        store = _open(args)
+        store = open_coordinator_store(args)
         try:
             return await store.scram_users()
         finally:
@@ -139,7 +103,7 @@ def run_list(args) -> int:
 
 def run_delete(args) -> int:
     async def delete():
-        store = _open(args)
+        store = open_coordinator_store(args)
         try:
             return [m for m in _mechanisms(args.mechanism) if await store.delete_scram_credential(args.name, m)]
         finally:

@@ -39,9 +39,12 @@ def kcat(*args: str, stdin: str | None = None, timeout: float = 30) -> str:
 
 
 def produce(bootstrap: str, topic: str, lines: list[str], codec: str = "none",
-            headers: list[tuple[str, bytes]] = (), null_values: bool = False, partition: int = 0) -> None:
+            headers: list[tuple[str, bytes]] = (), null_values: bool = False, partition: int = 0,
+            linger_ms: int | None = None) -> None:
     args = ["-P", "-b", bootstrap, "-t", topic, "-p", str(partition), "-K", KEY_DELIM,
             "-X", "acks=all"]
+    if linger_ms is not None:
+        args += ["-X", f"linger.ms={linger_ms}"]
     if codec != "none":
         args += ["-z", codec]
     if null_values:
@@ -108,7 +111,9 @@ def test_scenario_records_by_assignment(gateway, codec):
 def test_compressed_batches_round_trip(gateway, codec):
     topic = f"kc-bulk-{codec}-{uuid.uuid4().hex[:6]}"
     lines = [f"key-{i % 9}{KEY_DELIM}{codec} payload {i} " + "abc" * (i % 13) for i in range(500)]
-    produce(gateway.bootstrap, topic, lines, codec, headers=[("codec", codec.encode())])
+    # A long linger puts all 500 in full batches even when kcat is slow to read its input (on
+    # a busy machine the first record went alone, uncompressed, with the default 5 ms).
+    produce(gateway.bootstrap, topic, lines, codec, headers=[("codec", codec.encode())], linger_ms=3000)
     codecs = stored_codecs(gateway.bootstrap, topic)
     assert codecs and set(codecs) == {CODEC_IDS[codec]}  # librdkafka really compressed them
     msgs = consume("-b", gateway.bootstrap, "-t", topic, "-p", "0", "-o", "beginning")
