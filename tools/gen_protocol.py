@@ -31,6 +31,7 @@ API_NAMES = [
     "AddPartitionsToTxn", "AddOffsetsToTxn", "EndTxn", "TxnOffsetCommit",
     "DescribeTransactions", "ListTransactions", "DescribeClientQuotas", "AlterClientQuotas",
     "ElectLeaders", "AlterPartitionReassignments", "ListPartitionReassignments",
+    "GetTelemetrySubscriptions", "PushTelemetry",
 ]
 HEADERS = ["RequestHeader", "ResponseHeader"]
 DATA = ["ConsumerProtocolSubscription", "ConsumerProtocolAssignment"]
