@@ -27,6 +27,7 @@ from .cluster import BrokerAddress, Controller, Membership, coordinator_index
 from .config import BrokerConfig
 from .groups import GroupCoordinator
 from .quotas import ClientQuotas
+from .telemetry import ClientTelemetry
 from .reassignment import ReplicaAdmin
 from .topic_admin import TopicAdmin, TopicTable
 from .transactions import MarkerWriter, TransactionCoordinator
@@ -77,6 +78,7 @@ class Broker:
                                    window_s=config["quota.window.size.seconds"],
                                    mutation_samples=config["controller.quota.window.num"],
                                    mutation_window_s=config["controller.quota.window.size.seconds"])
+        self.telemetry = ClientTelemetry.from_config(config)
         self.data_dir = data_dir
         self.store = store
         self.objects = objects

@@ -3,7 +3,7 @@
 import importlib
 
 _MODULES = ("api_versions", "metadata", "produce", "fetch", "list_offsets", "admin",
-            "transactions", "groups", "offsets", "sasl", "acls", "replicas", "quotas")
+            "transactions", "groups", "offsets", "sasl", "acls", "replicas", "quotas", "telemetry")
 
 
 def load_handlers() -> None:
