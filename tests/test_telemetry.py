@@ -5,10 +5,12 @@ gateways: a confluent-kafka producer and consumer whose pushed metrics appear on
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import struct
 import urllib.request
 import uuid
+from types import SimpleNamespace
 
 import pytest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
@@ -199,6 +201,47 @@ def test_pushing_sooner_than_the_interval_is_throttled_but_a_terminating_push_is
     assert t.push(inst, sub, True, NONE, payload(("m", 4.0)), "app")[0] == ErrorCode.INVALID_REQUEST
 
 
+@pytest.mark.unit
+def test_the_handler_decodes_a_big_payload_off_the_loop_and_keeps_it(monkeypatch):
+    from stratalog.gateway.handlers import load_handlers
+    from stratalog.gateway.handlers.registry import HANDLERS, RequestContext
+    from stratalog.gateway.handlers.telemetry import INLINE_BYTES
+
+    load_handlers()
+    clock = Clock()
+    t = telemetry(clock, max_bytes=1024 * 1024, max_series=5000, max_series_per_instance=5000)
+    inst, sub = subscribe(t)
+    body = payload(*[(f"org.apache.kafka.producer.m{i}", float(i)) for i in range(2000)])
+    assert len(body) > INLINE_BYTES
+    ctx = RequestContext(SimpleNamespace(telemetry=t), ApiKey.PUSH_TELEMETRY, 0, "app", "127.0.0.1:5000")
+    req = SimpleNamespace(client_instance_id=inst, subscription_id=sub, terminating=False,
+                          compression_type=NONE, metrics=body)
+    threads = []
+
+    async def to_thread(fn, *args):
+        threads.append(fn)
+        return await real_to_thread(fn, *args)
+
+    real_to_thread = asyncio.to_thread
+    monkeypatch.setattr(asyncio, "to_thread", to_thread)
+    got = asyncio.run(HANDLERS[ApiKey.PUSH_TELEMETRY].fn(ctx, req))
+    assert threads == [t.decode]
+    assert got["error_code"] == 0
+    assert t.series_count == 2000 and values(t)[("app", "org.apache.kafka.producer.m7", ())] == 7.0
+
+
+@pytest.mark.unit
+def test_an_instance_forgotten_while_its_payload_decodes_keeps_nothing():
+    clock = Clock()
+    t = telemetry(clock, max_instances=1)
+    inst, sub = subscribe(t, "first")
+    code, _, admitted = t.admit_push(inst, sub, False, NONE, payload(("m", 1.0)), "first")
+    assert code == 0 and admitted is not None
+    subscribe(t, "second")  # evicts the first
+    assert t.finish_push(admitted, t.decode(NONE, payload(("m", 1.0)))) == (0, None)
+    assert t.series_count == 0 and values(t) == {}
+
+
 # ---- bounds ------------------------------------------------------------------------------------
 
 @pytest.mark.unit
@@ -308,11 +351,10 @@ def test_metrics_pushed_by_confluent_kafka_appear_on_metrics(gateway_factory):
             for m in consumer.consume(100, timeout=0.2):
                 got += m.error() is None
             text = _metrics(gw)
-            return (_series(text, "stratalog_client_org_apache_kafka_producer_", "tele-producer")
+            return (got == 20 and _series(text, "stratalog_client_org_apache_kafka_producer_", "tele-producer")
                     and _series(text, "stratalog_client_org_apache_kafka_consumer_", "tele-consumer") and text)
 
-        text = wait_for(pushed, timeout=30, what="both clients' pushed metrics on /metrics")
-        assert got == 20
+        text = wait_for(pushed, timeout=30, what="the records, and both clients' pushed metrics on /metrics")
         latency = _series(text, "stratalog_client_org_apache_kafka_producer_node_request_latency_avg",
                           "tele-producer")
         assert latency and 'node_id="1"' in latency[0]

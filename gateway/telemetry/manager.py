@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 from stratalog.gateway.protocol.error_codes import ErrorCode
 from stratalog.tiering.compression import NONE
 
-from .payload import BadPayload, Labels, decode
+from .payload import BadPayload, Labels, Point, decode
 from .subscription import ACCEPTED_COMPRESSION, Subscription
 
 log = logging.getLogger(__name__)
@@ -113,24 +113,43 @@ class ClientTelemetry:
 
     def push(self, instance_id: uuid.UUID | None, subscription_id: int, terminating: bool,
              compression: int, metrics: bytes, client_id: str | None) -> tuple[int, str | None]:
-        """PushTelemetry: keep the pushed values; the error code and why."""
+        """PushTelemetry in one step: keep the pushed values; the error code and why."""
+        code, why, inst = self.admit_push(instance_id, subscription_id, terminating, compression, metrics, client_id)
+        if inst is None:
+            return code, why
+        return self.finish_push(inst, self.decode(compression, metrics))
+
+    def admit_push(self, instance_id: uuid.UUID | None, subscription_id: int, terminating: bool,
+                   compression: int, metrics: bytes,
+                   client_id: str | None) -> tuple[int, str | None, ClientInstance | None]:
+        """PushTelemetry's checks: the refusal, or the instance whose payload is to be decoded
+        (`decode`, which may run off the event loop) and kept (`finish_push`)."""
         now = self._now_ms()
         self.expire()
         if instance_id is None or instance_id == ZERO_UUID:
-            return self._refuse(ErrorCode.INVALID_REQUEST), "a push needs the client instance id it was given"
+            return self._refuse(ErrorCode.INVALID_REQUEST), "a push needs the client instance id it was given", None
         inst = self._instance(instance_id, client_id, now)
         code, why = self._check_push(inst, subscription_id, terminating, compression, metrics, now)
-        if code == 0:
-            try:
-                points = decode(compression, metrics, limit=self.limits.max_bytes * DECOMPRESSED_FACTOR)
-            except BadPayload as err:
-                code, why = ErrorCode.INVALID_RECORD, str(err)
-            else:
-                self._keep(inst, points)
         if code:
-            self._refuse(code)
-        inst.last_error = code
-        return code, why
+            inst.last_error = self._refuse(code)
+            return code, why, None
+        return 0, None, inst
+
+    def decode(self, compression: int, metrics: bytes) -> list[Point] | BadPayload:
+        """The payload's points, or why it cannot be read; touches no state."""
+        try:
+            return decode(compression, metrics, limit=self.limits.max_bytes * DECOMPRESSED_FACTOR)
+        except BadPayload as err:
+            return err
+
+    def finish_push(self, inst: ClientInstance, points: list[Point] | BadPayload) -> tuple[int, str | None]:
+        if isinstance(points, BadPayload):
+            inst.last_error = self._refuse(ErrorCode.INVALID_RECORD)
+            return ErrorCode.INVALID_RECORD, str(points)
+        inst.last_error = 0
+        if self.instances.get(inst.instance_id) is inst:  # not forgotten while its payload was decoded
+            self._keep(inst, points)
+        return 0, None
 
     def _check_push(self, inst: ClientInstance, subscription_id: int, terminating: bool, compression: int,
                     metrics: bytes, now: float) -> tuple[int, str | None]:
