@@ -277,6 +277,19 @@ def test_series_caps_drop_new_series_and_count_them():
 
 
 @pytest.mark.unit
+def test_long_names_and_many_attributes_are_cut_to_size():
+    from stratalog.gateway.telemetry.payload import MAX_LABELS, MAX_TEXT
+
+    t = telemetry(Clock())
+    inst, sub = subscribe(t)
+    attrs = {f"k{i:02d}" + "x" * 500: "v" * 500 for i in range(20)}
+    assert t.push(inst, sub, False, NONE, payload(("m" * 500, 1.0), attrs=attrs), "app")[0] == 0
+    [(name, labels, _, _)] = list(t.samples())
+    assert name == "m" * MAX_TEXT and len(labels) == MAX_LABELS
+    assert all(len(k) == MAX_TEXT and len(v) == MAX_TEXT for k, v in labels)
+
+
+@pytest.mark.unit
 def test_instances_that_stopped_pushing_expire_with_their_series():
     clock = Clock()
     t = telemetry(clock, expiry_ms=10_000)

@@ -14,8 +14,11 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, M
 from stratalog.tiering.batch import CorruptBatch
 from stratalog.tiering.compression import CODEC_NAMES, decompress
 
-MAX_LABELS = 16  # attributes kept per point; more are dropped
-MAX_TEXT = 200  # characters kept of a metric name, attribute key or value
+# With these a kept series takes at most about 3 KB (name, 8 keys and values, Python's
+# overhead), which is what client.metrics.max.series multiplies. Clients' standard metrics
+# carry one to three short attributes and names under 100 characters.
+MAX_LABELS = 8  # attributes kept per point; more are dropped
+MAX_TEXT = 100  # characters kept of a metric name, attribute key or value
 
 Labels = tuple[tuple[str, str], ...]
 
