@@ -9,6 +9,7 @@ latest value, labelled `client_instance_id`, `client_id` and the point's own att
 from __future__ import annotations
 
 import re
+from typing import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -36,7 +37,7 @@ class TelemetryCollector:
     def __init__(self, telemetry: ClientTelemetry):
         self.telemetry = telemetry
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         t = self.telemetry
         families: dict[str, Metric] = {}
         seen: set[tuple] = set()

@@ -156,8 +156,9 @@ class ClientTelemetry:
         if inst.terminating:
             return ErrorCode.INVALID_REQUEST, "the client instance already sent its terminating push"
         # The first push after a subscription was fetched is welcome; later ones wait the interval.
-        fresh = inst.last_push_ms is None or (inst.last_get_ms is not None and inst.last_get_ms > inst.last_push_ms)
-        too_soon = not fresh and now - inst.last_push_ms < self.subscription.interval_ms * EARLY_SLACK
+        last = inst.last_push_ms
+        fresh = last is None or (inst.last_get_ms is not None and inst.last_get_ms > last)
+        too_soon = last is not None and not fresh and now - last < self.subscription.interval_ms * EARLY_SLACK
         if too_soon and not terminating:
             return ErrorCode.THROTTLING_QUOTA_EXCEEDED, "pushed sooner than the push interval"
         if subscription_id != inst.subscription_id:
