@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import time
 import urllib.request
 import uuid
 from types import SimpleNamespace
@@ -373,9 +374,18 @@ def test_metrics_pushed_by_confluent_kafka_appear_on_metrics(gateway_factory):
         assert latency and 'node_id="1"' in latency[0]
         assert float(latency[0].rsplit(" ", 1)[1]) > 0  # it produced, so requests took time
         assert "stratalog_telemetry_client_instances 2.0" in text
+        # A few more push cycles, then the consumer's terminating push as it closes: a
+        # well-behaved client is never refused (not throttled for timer jitter either).
+        deadline = time.monotonic() + 3.5 * INTERVAL_MS / 1000
+        while time.monotonic() < deadline:
+            producer.poll(0.1)
+            consumer.poll(0.1)
     finally:
         consumer.close()
         producer.flush(5)
+    wait_for(lambda: "stratalog_telemetry_terminated_instances 1.0" in _metrics(gw), timeout=10,
+             what="the consumer's terminating push")
+    assert "stratalog_telemetry_refused_total{" not in _metrics(gw)
 
 
 class Raw:

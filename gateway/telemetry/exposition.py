@@ -62,6 +62,10 @@ class TelemetryCollector:
                                       "Client instances whose pushed metrics this gateway keeps")
         instances.add_metric([], len(t.instances))
         yield instances
+        terminated = GaugeMetricFamily("stratalog_telemetry_terminated_instances",
+                                       "Client instances kept after their terminating push (closed clients)")
+        terminated.add_metric([], sum(1 for inst in t.instances.values() if inst.terminating))
+        yield terminated
         series = GaugeMetricFamily("stratalog_telemetry_series", "Pushed client metric series kept")
         series.add_metric([], t.series_count)
         yield series
