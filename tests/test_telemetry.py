@@ -172,6 +172,7 @@ def test_refused_pushes_get_kafkas_errors():
     inst, sub = subscribe(t)
     ok = payload(("m", 1.0))
     assert t.push(ZERO_UUID, sub, False, NONE, ok, "app")[0] == ErrorCode.INVALID_REQUEST
+    assert t.push(uuid.UUID(int=1), sub, False, NONE, ok, "app")[0] == ErrorCode.INVALID_REQUEST  # reserved
     assert t.push(inst, sub ^ 1, False, NONE, ok, "app")[0] == ErrorCode.UNKNOWN_SUBSCRIPTION_ID
     assert t.push(inst, sub, False, 7, ok, "app")[0] == ErrorCode.UNSUPPORTED_COMPRESSION_TYPE
     assert t.push(inst, sub, False, NONE, b"\0" * 1025, "app")[0] == ErrorCode.TELEMETRY_TOO_LARGE
@@ -200,6 +201,11 @@ def test_pushing_sooner_than_the_interval_is_throttled_but_a_terminating_push_is
     clock.advance_ms(INTERVAL_MS)
     assert t.push(inst, sub, False, NONE, payload(("m", 4.0)), "app")[0] == ErrorCode.INVALID_REQUEST
     assert t.push(inst, sub, True, NONE, payload(("m", 4.0)), "app")[0] == ErrorCode.INVALID_REQUEST
+    # A refused terminating push still says the client is leaving: nothing after it is taken.
+    other, other_sub = subscribe(t, "other")
+    assert t.push(other, other_sub + 1, True, NONE, payload(("m", 1.0)), "other")[0] == \
+        ErrorCode.UNKNOWN_SUBSCRIPTION_ID
+    assert t.push(other, other_sub, False, NONE, payload(("m", 1.0)), "other")[0] == ErrorCode.INVALID_REQUEST
 
 
 @pytest.mark.unit

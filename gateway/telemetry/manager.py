@@ -27,6 +27,7 @@ from .subscription import ACCEPTED_COMPRESSION, Subscription
 log = logging.getLogger(__name__)
 
 ZERO_UUID = uuid.UUID(int=0)
+RESERVED_IDS = (ZERO_UUID, uuid.UUID(int=1))  # Kafka's reserved UUIDs: never a client instance
 DECOMPRESSED_FACTOR = 10  # a push may inflate to this many times telemetry.max.bytes
 # Pushes a little early are timer jitter, not abuse: too often is sooner than this share of
 # the interval after the previous push (or GetTelemetrySubscriptions).
@@ -126,10 +127,12 @@ class ClientTelemetry:
         (`decode`, which may run off the event loop) and kept (`finish_push`)."""
         now = self._now_ms()
         self.expire()
-        if instance_id is None or instance_id == ZERO_UUID:
+        if instance_id is None or instance_id in RESERVED_IDS:
             return self._refuse(ErrorCode.INVALID_REQUEST), "a push needs the client instance id it was given", None
         inst = self._instance(instance_id, client_id, now)
         code, why = self._check_push(inst, subscription_id, terminating, compression, metrics, now)
+        if terminating:
+            inst.terminating = True  # the client is leaving, whether or not this push is taken
         if code:
             inst.last_error = self._refuse(code)
             return code, why, None
@@ -168,7 +171,6 @@ class ClientTelemetry:
         if len(metrics) > self.limits.max_bytes:
             return ErrorCode.TELEMETRY_TOO_LARGE, f"{len(metrics)} bytes, telemetry.max.bytes is {self.limits.max_bytes}"
         inst.last_push_ms = now
-        inst.terminating = terminating
         return 0, None
 
     # ---- instances and series ---------------------------------------------------------------
@@ -176,7 +178,7 @@ class ClientTelemetry:
     def _new_id(self) -> uuid.UUID:
         while True:
             candidate = uuid.uuid4()
-            if candidate not in self.instances:
+            if candidate not in self.instances and candidate not in RESERVED_IDS:
                 return candidate
 
     def _instance(self, instance_id: uuid.UUID, client_id: str | None, now: float) -> ClientInstance:
