@@ -112,6 +112,11 @@ def test_requested_metrics_match_by_prefix_star_is_all_and_empty_is_none():
     assert Subscription.parse("a., *", 1).metrics == ("*",)
     assert Subscription.parse("*", 1).wants("anything")
     assert Subscription.parse("", 1).metrics == ()
+    none = telemetry(Clock(), metrics="")
+    assert none.get_subscriptions(ZERO_UUID, "app")["requested_metrics"] == []
+    inst, sub = subscribe(none)
+    assert none.push(inst, sub, False, NONE, payload(("org.apache.kafka.producer.x", 1.0)), "app")[0] == 0
+    assert values(none) == {}
     assert not Subscription.parse("", 1).wants("org.apache.kafka.producer.x")
     some = Subscription.parse("org.apache.kafka.producer.", 1)
     assert some.wants("org.apache.kafka.producer.node.request.latency.avg")
