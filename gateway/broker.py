@@ -31,6 +31,7 @@ from .groups.assignors import assignor_names
 from .groups.consumer_coordinator import ConsumerGroups
 from .groups.consumer_membership import ConsumerGroupConfig
 from .quotas import ClientQuotas
+from .telemetry import ClientTelemetry
 from .reassignment import ReplicaAdmin
 from .topic_admin import TopicAdmin, TopicTable
 from .transactions import MarkerWriter, TransactionCoordinator
@@ -81,6 +82,7 @@ class Broker:
                                    window_s=config["quota.window.size.seconds"],
                                    mutation_samples=config["controller.quota.window.num"],
                                    mutation_window_s=config["controller.quota.window.size.seconds"])
+        self.telemetry = ClientTelemetry.from_config(config)
         self.data_dir = data_dir
         self.store = store
         self.objects = objects

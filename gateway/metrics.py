@@ -10,6 +10,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from .telemetry.exposition import TelemetryCollector
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
@@ -57,6 +59,7 @@ class GatewayMetrics:
         """Collect the state readings of this broker on every scrape."""
         self.broker = broker
         self.registry.register(_StateCollector(broker, self))
+        self.registry.register(TelemetryCollector(broker.telemetry))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -851,6 +851,14 @@ def check_known_fields(client: str, req) -> None:
         assert b"value" in records
     elif req.api_key == 10:
         assert "capture-group" in ([body.key] + body.coordinator_keys)
+    elif req.api_key == 71:
+        assert body.client_instance_id == uuid.UUID(int=0)  # a new client asks for an id
+    elif req.api_key == 72:
+        # librdkafka's own OTLP payload, zstd-compressed, decodes with the gateway's decoder.
+        from stratalog.gateway.telemetry.payload import decode
+        points = decode(body.compression_type, bytes(body.metrics), limit=1024 * 1024)
+        assert body.compression_type == 4 and body.subscription_id == 1
+        assert "org.apache.kafka.consumer.node.request.latency.avg" in {p.name for p in points}
     elif req.api_key == 11:
         assert (body.group_id, body.protocol_type) == ("capture-group", "consumer")
         for proto in body.protocols:

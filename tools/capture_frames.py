@@ -6,8 +6,8 @@ For each client (confluent-kafka, kafka-python, aiokafka) a throwaway listener o
 127.0.0.1 plays a one-broker cluster just far enough for two short scripts: a producer
 that sends one record, and a consumer that subscribes to a group. The listener answers
 ApiVersions (every API of our catalog), Metadata (itself as broker 0, leader of
-partition 0 of each topic asked for), InitProducerId, Produce and FindCoordinator, all
-encoded by our own codec, and closes the connection on anything else (so the consumer
+partition 0 of each topic asked for), InitProducerId, Produce, FindCoordinator and the
+KIP-714 telemetry APIs (every metric, every half second), all encoded by our own codec, and closes the connection on anything else (so the consumer
 stops at JoinGroup). Clients run in child processes, killed if they outstay a timeout.
 
 The first frame of each (API, version) is written to
@@ -36,6 +36,7 @@ CLIENT_ID = "stratalog-capture"
 TOPIC = "capture"
 GROUP = "capture-group"
 UNSUPPORTED_VERSION = 35
+TELEMETRY_INTERVAL_MS = 500
 SUPPORTED = {key: (req.vmin, req.vmax) for key, (_, req, _resp) in APIS.items()}
 
 # Placeholders: {addr} the listener, {cid} CLIENT_ID, {topic} TOPIC, {group} GROUP.
@@ -172,6 +173,13 @@ class FakeBroker:
             me = {"node_id": 0, "host": "127.0.0.1", "port": self.port}
             keys = body.coordinator_keys or [body.key]
             reply = {**me, "coordinators": [{"key": k, **me} for k in keys]}
+        elif api_key == ApiKey.GET_TELEMETRY_SUBSCRIPTIONS:
+            # Every metric, pushed often enough that the short scripts push at least once.
+            reply = {"client_instance_id": uuid.uuid5(uuid.NAMESPACE_URL, CLIENT_ID), "subscription_id": 1,
+                     "accepted_compression_types": [4, 3, 1, 2], "push_interval_ms": TELEMETRY_INTERVAL_MS,
+                     "telemetry_max_bytes": 1024 * 1024, "delta_temporality": False, "requested_metrics": ["*"]}
+        elif api_key == ApiKey.PUSH_TELEMETRY:
+            reply = {"error_code": 0}
         else:
             return None
         return encode_response(api_key, version, correlation_id, reply)

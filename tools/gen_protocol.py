@@ -32,6 +32,7 @@ API_NAMES = [
     "DescribeTransactions", "ListTransactions", "DescribeClientQuotas", "AlterClientQuotas",
     "ElectLeaders", "AlterPartitionReassignments", "ListPartitionReassignments",
     "ConsumerGroupHeartbeat", "ConsumerGroupDescribe",
+    "GetTelemetrySubscriptions", "PushTelemetry",
 ]
 HEADERS = ["RequestHeader", "ResponseHeader"]
 DATA = ["ConsumerProtocolSubscription", "ConsumerProtocolAssignment"]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKED = ["stratalog.engine", "stratalog.tiering", "stratalog.coordinator", "stratalog.gateway.protocol",
-           "stratalog.gateway.auth"]
+           "stratalog.gateway.auth", "stratalog.gateway.telemetry"]
 
 
 def main(argv: list[str]) -> int:

@@ -1249,6 +1249,35 @@ CONSUMER_GROUP_DESCRIBE_RESPONSE = Schema('ConsumerGroupDescribeResponse', 0, 0,
     )),
 ))
 
+GET_TELEMETRY_SUBSCRIPTIONS_REQUEST = Schema('GetTelemetrySubscriptionsRequest', 0, 0, 0, (
+    F('client_instance_id', 'uuid', 0),
+))
+
+GET_TELEMETRY_SUBSCRIPTIONS_RESPONSE = Schema('GetTelemetrySubscriptionsResponse', 0, 0, 0, (
+    F('throttle_time_ms', 'int32', 0, default=0),
+    F('error_code', 'int16', 0, default=0),
+    F('client_instance_id', 'uuid', 0),
+    F('subscription_id', 'int32', 0, default=0),
+    F('accepted_compression_types', '[]int8', 0),
+    F('push_interval_ms', 'int32', 0, default=0),
+    F('telemetry_max_bytes', 'int32', 0, default=0),
+    F('delta_temporality', 'bool', 0, default=False),
+    F('requested_metrics', '[]string', 0),
+))
+
+PUSH_TELEMETRY_REQUEST = Schema('PushTelemetryRequest', 0, 0, 0, (
+    F('client_instance_id', 'uuid', 0),
+    F('subscription_id', 'int32', 0, default=0),
+    F('terminating', 'bool', 0, default=False),
+    F('compression_type', 'int8', 0, default=0),
+    F('metrics', 'bytes', 0, default=b''),
+))
+
+PUSH_TELEMETRY_RESPONSE = Schema('PushTelemetryResponse', 0, 0, 0, (
+    F('throttle_time_ms', 'int32', 0, default=0),
+    F('error_code', 'int16', 0, default=0),
+))
+
 
 class ApiKey(IntEnum):
     """The APIs above, by the key a request header carries."""
@@ -1300,6 +1329,8 @@ class ApiKey(IntEnum):
     LIST_TRANSACTIONS = 66
     CONSUMER_GROUP_HEARTBEAT = 68
     CONSUMER_GROUP_DESCRIBE = 69
+    GET_TELEMETRY_SUBSCRIPTIONS = 71
+    PUSH_TELEMETRY = 72
 
 
 # api key -> (name, request schema, response schema); keyed by ApiKey members, typed
@@ -1352,4 +1383,6 @@ APIS: dict[int, tuple[str, Schema, Schema]] = {
     ApiKey.LIST_TRANSACTIONS: ('ListTransactions', LIST_TRANSACTIONS_REQUEST, LIST_TRANSACTIONS_RESPONSE),
     ApiKey.CONSUMER_GROUP_HEARTBEAT: ('ConsumerGroupHeartbeat', CONSUMER_GROUP_HEARTBEAT_REQUEST, CONSUMER_GROUP_HEARTBEAT_RESPONSE),
     ApiKey.CONSUMER_GROUP_DESCRIBE: ('ConsumerGroupDescribe', CONSUMER_GROUP_DESCRIBE_REQUEST, CONSUMER_GROUP_DESCRIBE_RESPONSE),
+    ApiKey.GET_TELEMETRY_SUBSCRIPTIONS: ('GetTelemetrySubscriptions', GET_TELEMETRY_SUBSCRIPTIONS_REQUEST, GET_TELEMETRY_SUBSCRIPTIONS_RESPONSE),
+    ApiKey.PUSH_TELEMETRY: ('PushTelemetry', PUSH_TELEMETRY_REQUEST, PUSH_TELEMETRY_RESPONSE),
 }
