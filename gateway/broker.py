@@ -93,6 +93,7 @@ class Broker:
         self.membership = Membership(store, self.address, ttl_s=lease_ttl_s)
         self.controller = Controller(store, self.membership, rebalance=config["auto.leader.rebalance.enable"])
         self._sync_lock = asyncio.Lock()
+        self._topic_reload: asyncio.Future | None = None  # look_up_topics' reload under way
         self.engine = LogEngine(EngineSettings.from_config(config), node_id=node_id, data_dir=data_dir,
                                 store=store, objects=objects, topic_info=lambda name: self.table.by_name.get(name),
                                 topic_config=self.topic_config, clock=clock, metrics=metrics,
@@ -293,6 +294,29 @@ class Broker:
     def partition_count(self, topic: str) -> int | None:
         info = self.table.by_name.get(topic)
         return None if info is None else info.partitions
+
+    async def look_up_topics(self, names) -> None:
+        """Reload the topic table when a request names a topic it lacks: one created through
+        another gateway since this one's last sync is then known at once, instead of
+        UNKNOWN_TOPIC_OR_PARTITION until the next tick. Requests that arrive while a reload
+        runs share it (a reload with nothing changed reads two small coordinator ranges and
+        decodes nothing)."""
+        if all(n is None or n in self.table.by_name for n in names):
+            return
+        if self._topic_reload is None:
+            self._topic_reload = asyncio.ensure_future(self._load_topics())
+            self._topic_reload.add_done_callback(self._topic_reload_done)
+        try:
+            await asyncio.shield(self._topic_reload)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the table stays as it was; the tick retries
+            log.warning("topic table reload failed: %s", e)
+
+    def _topic_reload_done(self, done: asyncio.Future) -> None:
+        self._topic_reload = None
+        if not done.cancelled():
+            done.exception()  # retrieved here: every waiter may have gone
 
     def live_brokers(self) -> list[BrokerAddress]:
         live = self.membership.live

@@ -49,3 +49,32 @@ def test_leaders_spread_and_fail_over(gateway_factory, etcd, tmp_path):
     # The dead gateway comes back and gets a share of the leaders again.
     gws[1].start()
     wait_for(lambda: 2 in leaders(bootstrap, topic).values(), what="the restarted gateway to lead again")
+
+
+def test_a_topic_created_through_one_gateway_is_known_to_the_others_at_once(gateway_factory, etcd, tmp_path):
+    # Each gateway reloads its topic table every cluster tick; a request naming a topic the
+    # table lacks reloads it at once, so a client that creates through one gateway and then
+    # asks another is never told the topic does not exist.
+    from raw_client import Raw
+    from stratalog.gateway.protocol.catalog import ApiKey
+
+    gws = start_cluster(gateway_factory, etcd, tmp_path, 2)
+    first, other = Raw(gws[0].bootstrap), Raw(gws[1].bootstrap)
+    try:
+        for i in range(5):
+            topic = f"seen-{i}-{uuid.uuid4().hex[:6]}"
+            created = first.call(ApiKey.CREATE_TOPICS, 5, {
+                "topics": [{"name": topic, "num_partitions": 2, "replication_factor": 1,
+                            "assignments": [], "configs": []}], "timeout_ms": 30000, "validate_only": False})
+            assert created.topics[0].error_code == 0
+            meta = other.call(ApiKey.METADATA, 9, {"topics": [{"name": topic}],
+                                                   "allow_auto_topic_creation": False,
+                                                   "include_topic_authorized_operations": False})
+            assert meta.topics[0].error_code == 0 and len(meta.topics[0].partitions) == 2
+            grown = other.call(ApiKey.CREATE_PARTITIONS, 2, {
+                "topics": [{"name": topic, "count": 3, "assignments": None}], "timeout_ms": 30000,
+                "validate_only": False})
+            assert grown.results[0].error_code == 0, grown.results[0].error_message
+    finally:
+        first.close()
+        other.close()

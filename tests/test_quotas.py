@@ -8,8 +8,6 @@ with THROTTLING_QUOTA_EXCEEDED past controller_mutation_rate."""
 from __future__ import annotations
 
 import asyncio
-import socket
-import struct
 import time
 import uuid
 from types import SimpleNamespace
@@ -24,10 +22,10 @@ from stratalog.gateway.handlers.registry import HANDLERS, RequestContext
 from stratalog.gateway.protocol.catalog import ApiKey
 from stratalog.gateway.protocol.schema import Message
 from stratalog.gateway.protocol.error_codes import ErrorCode
-from stratalog.gateway.protocol.frames import decode_response, encode_request
 from stratalog.gateway.quotas import ClientQuotas
 from stratalog.gateway.quotas.manager import SWEEP_EVERY
 from stratalog.gateway.quotas.rate import TokenBucket, WindowedRate
+from raw_client import Raw
 from stratalog.gateway.quotas.rules import (CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE,
                                             applicable)
 
@@ -369,38 +367,13 @@ def test_a_quota_set_through_one_gateway_limits_a_producer_on_another(gateway_fa
     rate_limit = 400_000
     set_quota(gws[0].bootstrap, "--client-default", config=f"producer_byte_rate={rate_limit}")
     rate, throttles = produce_for(gws[2].bootstrap, "cluster-q", "anyone", MEASURED_S, partition=partition)
-    assert abs(rate - rate_limit) <= 0.1 * rate_limit, rate
+    # Leaders before and after: a leader that moved mid-run splits the count over two gateways.
+    assert abs(rate - rate_limit) <= 0.1 * rate_limit, (rate, partition, led, leaders(gws[2].bootstrap, "cluster-q"),
+                                                        len(throttles))
     assert throttles
 
 
 # ---- KIP-599 -----------------------------------------------------------------------------------
-
-class Raw:
-    """One connection speaking chosen API versions through the project's codec."""
-
-    def __init__(self, bootstrap: str, client_id: str):
-        host, port = bootstrap.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=30)
-        self.client_id = client_id
-        self.correlation = 0
-
-    def call(self, api: ApiKey, version: int, body: dict):
-        self.correlation += 1
-        self.sock.sendall(encode_request(api, version, self.correlation, body, client_id=self.client_id))
-        (size,) = struct.unpack(">i", self._read(4))
-        return decode_response(api, version, self._read(size))[1]
-
-    def _read(self, n: int) -> bytes:
-        buf = b""
-        while len(buf) < n:
-            chunk = self.sock.recv(n - len(buf))
-            assert chunk, "the gateway closed the connection"
-            buf += chunk
-        return buf
-
-    def close(self) -> None:
-        self.sock.close()
-
 
 def new_topic(name: str, partitions: int) -> dict:
     return {"name": name, "num_partitions": partitions, "replication_factor": 1, "assignments": [], "configs": []}

@@ -131,6 +131,7 @@ async def create_partitions(ctx: RequestContext, req):
     out = []
     budget = PartitionBudget()
     quota = _MutationQuota(ctx, strict_from=3, counted=not req.validate_only)
+    await ctx.broker.look_up_topics([t.name for t in req.topics])
     for t in req.topics:
         row = {"name": t.name, "error_code": 0, "error_message": None}
         try:

@@ -64,6 +64,7 @@ async def metadata(ctx: RequestContext, req):
                 topics.append(await describe_topic(broker, name, broker.topics[name]))
     else:
         auto = req.allow_auto_topic_creation if ctx.version >= 4 else True
+        await broker.look_up_topics([t.name for t in req.topics])
         for t in req.topics:
             name = t.name
             if name is None and t.topic_id is not None:
