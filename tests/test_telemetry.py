@@ -6,8 +6,6 @@ gateways: a confluent-kafka producer and consumer whose pushed metrics appear on
 from __future__ import annotations
 
 import asyncio
-import socket
-import struct
 import time
 import urllib.request
 import uuid
@@ -19,11 +17,11 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (AggregationTemporality, 
                                                         NumberDataPoint, ResourceMetrics, ScopeMetrics, Sum)
 from prometheus_client import CollectorRegistry, generate_latest
 
+import raw_client
 from cluster_fixtures import wait_for
 from stratalog.gateway.config import BrokerConfig
 from stratalog.gateway.protocol.catalog import ApiKey
 from stratalog.gateway.protocol.error_codes import ErrorCode
-from stratalog.gateway.protocol.frames import decode_response, encode_request
 from stratalog.gateway.telemetry import ClientTelemetry, Subscription, TelemetryLimits
 from stratalog.gateway.telemetry.exposition import TelemetryCollector
 from stratalog.gateway.telemetry.manager import ZERO_UUID
@@ -399,20 +397,11 @@ def test_metrics_pushed_by_confluent_kafka_appear_on_metrics(gateway_factory):
     assert "stratalog_telemetry_refused_total{" not in _metrics(gw)
 
 
-class Raw:
+class Raw(raw_client.Raw):
     """One connection speaking the telemetry APIs through the project's codec."""
 
-    def __init__(self, bootstrap: str, client_id: str = "raw"):
-        host, port = bootstrap.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=30)
-        self.client_id = client_id
-        self.correlation = 0
-
-    def call(self, api: ApiKey, body: dict):
-        self.correlation += 1
-        self.sock.sendall(encode_request(api, 0, self.correlation, body, client_id=self.client_id))
-        (size,) = struct.unpack(">i", self._read(4))
-        return decode_response(api, 0, self._read(size))[1]
+    def call(self, api: ApiKey, body: dict):  # type: ignore[override] - the telemetry APIs have v0 only
+        return super().call(api, 0, body)
 
     def subscribe(self, instance: uuid.UUID = ZERO_UUID):
         return self.call(ApiKey.GET_TELEMETRY_SUBSCRIPTIONS, {"client_instance_id": instance})
@@ -421,17 +410,6 @@ class Raw:
         return self.call(ApiKey.PUSH_TELEMETRY, {"client_instance_id": instance, "subscription_id": subscription,
                                                  "terminating": terminating, "compression_type": compression,
                                                  "metrics": metrics}).error_code
-
-    def _read(self, n: int) -> bytes:
-        buf = b""
-        while len(buf) < n:
-            chunk = self.sock.recv(n - len(buf))
-            assert chunk, "the gateway closed the connection"
-            buf += chunk
-        return buf
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def test_raw_pushes_get_each_refusal_and_the_gateway_keeps_serving(gateway_factory):

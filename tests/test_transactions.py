@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import random
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -21,7 +19,6 @@ import pytest
 
 from stratalog.gateway.protocol.catalog import ApiKey
 from stratalog.gateway.protocol.error_codes import ErrorCode as E
-from stratalog.gateway.protocol.frames import decode_response, encode_request
 from stratalog.tiering.batch import build_batch
 
 ck = pytest.importorskip("confluent_kafka", reason="confluent-kafka is not installed")
@@ -30,6 +27,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from cluster_fixtures import (bootstrap_of, create_topic, etcd, leaders, start_cluster,  # noqa: E402,F401 - etcd is a fixture
                               try_leaders, wait_for)
+import raw_client  # noqa: E402
 from conftest import GatewayProcess  # noqa: E402
 
 
@@ -276,27 +274,11 @@ def test_consume_transform_produce_is_exactly_once_through_gateway_crashes(tmp_p
 
 # ---- requests that break the rules (raw frames) ----------------------------------------------
 
-class Raw:
-    """One connection speaking requests by hand."""
+class Raw(raw_client.Raw):
+    """One connection speaking the transactional requests by hand."""
 
     def __init__(self, gw):
-        self.sock = socket.create_connection(("127.0.0.1", gw.port), timeout=10)
-        self.correlation = 0
-
-    def call(self, api: ApiKey, version: int, body: dict):
-        self.correlation += 1
-        self.sock.sendall(encode_request(api, version, self.correlation, body))
-        (size,) = struct.unpack(">i", self._read(4))
-        _, resp = decode_response(api, version, self._read(size))
-        return resp
-
-    def _read(self, n: int) -> bytes:
-        buf = b""
-        while len(buf) < n:
-            chunk = self.sock.recv(n - len(buf))
-            assert chunk, "the gateway closed the connection"
-            buf += chunk
-        return buf
+        super().__init__(f"127.0.0.1:{gw.port}")
 
     def init(self, tid: str, timeout_ms: int = 60000, pid: int = -1, epoch: int = -1):
         return self.call(ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": tid, "transaction_timeout_ms": timeout_ms,

@@ -32,12 +32,11 @@ from stratalog.gateway.protocol.error_codes import ErrorCode
 from .assignors import ASSIGNORS, MemberSpec, Topic
 from .consumer_group import (JOIN_EPOCH, LEAVE_EPOCH, STATIC_LEAVE_EPOCH, ConsumerGroup,
                              ConsumerMember, MemberState, Partitions, new_member_id)
-from .timers import Timers
+from .timers import Timers, drive
 
 log = logging.getLogger(__name__)
 
 E = ErrorCode
-MAX_IDLE_S = 1.0  # the timer task re-checks at least this often
 # Bounds on what one member may make the coordinator keep and evaluate.
 MAX_SUBSCRIBED_TOPICS = 10_000
 MAX_REGEX_CHARS = 1_000
@@ -125,19 +124,8 @@ class ConsumerMembership:
         return self._timers.fire_due(self._clock())
 
     async def _run(self) -> None:
-        while True:
-            try:
-                self.tick()
-                self._after_tick()
-            except Exception:  # a bug in one timer must not stop every group's timers
-                log.exception("consumer group timer failed")
-            nxt = self._timers.next_deadline()
-            wait = MAX_IDLE_S if nxt is None else min(max(nxt - self._clock(), 0.0), MAX_IDLE_S)
-            self._wakeup.clear()
-            try:
-                await asyncio.wait_for(self._wakeup.wait(), wait)
-            except TimeoutError:
-                pass
+        await drive(lambda: self._timers, self._clock, self._wakeup, "consumer group timer",
+                    self._after_tick)
 
     def _after_tick(self) -> None:
         """Periodic work of a subclass, run with the timers."""

@@ -39,14 +39,13 @@ from stratalog.gateway.protocol.error_codes import ErrorCode
 from stratalog.gateway.protocol.wire import DecodeError
 
 from .group import CONSUMER_PROTOCOL_TYPE, Group, GroupState, Member, Protocols, parse_subscription
-from .timers import Timers
+from .timers import Timers, drive
 
 log = logging.getLogger(__name__)
 
 E = ErrorCode
 S = GroupState
 NEW_MEMBER_JOIN_TIMEOUT_MS = 300_000  # Kafka's fixed timeout for a join that never completes
-MAX_IDLE_S = 1.0  # the timer task re-checks at least this often
 
 
 @dataclass(frozen=True)
@@ -128,18 +127,7 @@ class Membership:
         return self._timers.fire_due(self._clock())
 
     async def _run(self) -> None:
-        while True:
-            try:
-                self.tick()
-            except Exception:  # a bug in one timer must not stop every group's timers
-                log.exception("group timer failed")
-            nxt = self._timers.next_deadline()
-            wait = MAX_IDLE_S if nxt is None else min(max(nxt - self._clock(), 0.0), MAX_IDLE_S)
-            self._wakeup.clear()
-            try:
-                await asyncio.wait_for(self._wakeup.wait(), wait)
-            except TimeoutError:
-                pass
+        await drive(lambda: self._timers, self._clock, self._wakeup, "group timer")
 
     def _schedule(self, key: tuple, delay_ms: float, action: Callable[[], None]) -> None:
         if self._timers.schedule(key, self._clock() + delay_ms / 1000.0, action):

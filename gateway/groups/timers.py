@@ -8,9 +8,15 @@ it (a background task in production, the test itself with a fake clock).
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
+import logging
 from typing import Callable, Hashable
+
+log = logging.getLogger(__name__)
+
+MAX_IDLE_S = 1.0  # a driving task re-checks at least this often
 
 
 class Timers:
@@ -74,3 +80,22 @@ class Timers:
             if live is not None and live[1] == seq:
                 return
             heapq.heappop(heap)
+
+
+async def drive(timers: Callable[[], Timers], clock: Callable[[], float], wakeup: asyncio.Event,
+                what: str, after_tick: Callable[[], None] = lambda: None) -> None:
+    """Fire due timers for ever, sleeping until the next deadline or until `wakeup` is set
+    (a new earliest deadline). `timers` is asked each turn, so its owner may replace them."""
+    while True:
+        try:
+            timers().fire_due(clock())
+            after_tick()
+        except Exception:  # a bug in one timer must not stop every other one
+            log.exception("%s failed", what)
+        nxt = timers().next_deadline()
+        wait = MAX_IDLE_S if nxt is None else min(max(nxt - clock(), 0.0), MAX_IDLE_S)
+        wakeup.clear()
+        try:
+            await asyncio.wait_for(wakeup.wait(), wait)
+        except TimeoutError:
+            pass
