@@ -500,6 +500,40 @@ def test_a_new_coordinator_continues_the_group_from_the_store(tmp_path):
     asyncio.run(main())
 
 
+def test_a_member_ahead_of_a_new_coordinators_copy_is_not_fenced(tmp_path):
+    # Two gateways can both serve a group for a moment while coordination moves: the new one
+    # loaded it, then the old one still let a member join and stored that. The member then
+    # comes to the new one, which must answer from the stored state, not fence it.
+    import asyncio
+
+    from stratalog.coordinator import open_coordinator
+
+    async def main():
+        store = open_coordinator(None, tmp_path / "coordinator")
+        try:
+            first, second = Harness(), Harness()
+            for h in (first, second):
+                h.groups = ConsumerGroups(lambda: first.topics, h.clock, h.groups.config, store=store,
+                                          new_id=h.groups._new_id)
+            g1, g2 = first.groups, second.groups
+            sub0 = Subscription(5000, ("t1",), owned={})
+            a = await g1.handle_heartbeat("g", "a", 0, sub0)
+            loaded = await g2.handle_heartbeat("g", "a", a.member_epoch, Subscription(owned={T1: frozenset(parts(a))}))
+            assert loaded.error == E.NONE  # the new coordinator has its copy now
+            b = await g1.handle_heartbeat("g", "b", 0, sub0)  # the old one still serves
+            assert b.error == E.NONE and b.member_epoch == 2
+            moved = await g2.handle_heartbeat("g", "b", b.member_epoch, Subscription(owned={}))
+            assert moved.error == E.NONE and moved.member_epoch == 2
+            assert set(g2.group("g").members) == {"a", "b"}
+            # An epoch the stored state does not have either is still fenced.
+            behind = await g2.handle_heartbeat("g", "a", 7, Subscription(owned={}))
+            assert behind.error == E.FENCED_MEMBER_EPOCH
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+
+
 def test_a_stored_group_from_a_newer_gateway_is_refused(tmp_path):
     import asyncio
     import json

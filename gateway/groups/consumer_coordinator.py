@@ -201,6 +201,16 @@ class ConsumerGroups(ClassicMembers):
         before = self._fingerprint(group_id, member_id)
         result = self.heartbeat(group_id, member_id, member_epoch, sub,
                                 client_id=client_id, client_host=client_host)
+        if result.error in (E.FENCED_MEMBER_EPOCH, E.UNKNOWN_MEMBER_ID) and await self._superseded(group_id):
+            # Another gateway changed the group after this one loaded it (coordination
+            # follows each gateway's view of who is alive, so two can serve a group for a
+            # moment): the member may be ahead of this copy, not behind. Answer from the
+            # stored state instead of fencing it.
+            self.forget(group_id)
+            await self.load(group_id)
+            before = self._fingerprint(group_id, member_id)
+            result = self.heartbeat(group_id, member_id, member_epoch, sub,
+                                    client_id=client_id, client_host=client_host)
         group = self._groups.get(group_id)
         if group is None or (group_id in self._stored and group_id not in self._dirty and
                              self._fingerprint(group_id, result.member_id or member_id) == before):
@@ -214,6 +224,16 @@ class ConsumerGroups(ClassicMembers):
             self._owe_assignment(group_id, result)
             return self._fail(E.NOT_COORDINATOR, "the group was changed by another coordinator")
         return result
+
+    async def _superseded(self, group_id: str) -> bool:
+        """Whether the stored state differs from the one this copy was loaded or stored as."""
+        if self._store is None or group_id not in self._stored:
+            return False
+        try:
+            value = await self._store.consumer_group(group_id)
+        except Exception:  # noqa: BLE001 - unreachable: answer from the copy, as before
+            return False
+        return value is not None and value != self._stored[group_id]
 
     def _fingerprint(self, group_id: str, member_id: str) -> tuple | None:
         """What a heartbeat of this member can change that the store must learn: the
