@@ -61,6 +61,9 @@ class NoTopics:
     def controller_id(self) -> int:
         return 1
 
+    async def look_up_topics(self, names) -> None:
+        pass  # nothing to reload: there are no topics
+
     def coordinator_for(self, key: str, listener=None):
         return 1, "127.0.0.1", 9092
 
