@@ -454,6 +454,15 @@ def test_a_classic_group_is_upgraded_online(tmp_path):
 
 # --- the stored copy: a coordinator move continues the group ----------------------------
 
+def two_coordinators(store) -> tuple[ConsumerGroups, ConsumerGroups]:
+    """Two gateways' consumer groups over one store, seeing the same topics."""
+    first, second = Harness(), Harness()
+    for h in (first, second):
+        h.groups = ConsumerGroups(lambda: first.topics, h.clock, h.groups.config, store=store,
+                                  new_id=h.groups._new_id)
+    return first.groups, second.groups
+
+
 def test_a_new_coordinator_continues_the_group_from_the_store(tmp_path):
     import asyncio
 
@@ -462,11 +471,7 @@ def test_a_new_coordinator_continues_the_group_from_the_store(tmp_path):
     async def main():
         store = open_coordinator(None, tmp_path / "coordinator")
         try:
-            first, second = Harness(), Harness()
-            for h in (first, second):
-                h.groups = ConsumerGroups(lambda: first.topics, h.clock, h.groups.config, store=store,
-                                          new_id=h.groups._new_id)
-            g1, g2 = first.groups, second.groups
+            g1, g2 = two_coordinators(store)
             sub0 = Subscription(5000, ("t1",), owned={})
             a = await g1.handle_heartbeat("g", "a", 0, sub0)
             b = await g1.handle_heartbeat("g", "b", 0, sub0)
@@ -511,11 +516,7 @@ def test_a_member_ahead_of_a_new_coordinators_copy_is_not_fenced(tmp_path):
     async def main():
         store = open_coordinator(None, tmp_path / "coordinator")
         try:
-            first, second = Harness(), Harness()
-            for h in (first, second):
-                h.groups = ConsumerGroups(lambda: first.topics, h.clock, h.groups.config, store=store,
-                                          new_id=h.groups._new_id)
-            g1, g2 = first.groups, second.groups
+            g1, g2 = two_coordinators(store)
             sub0 = Subscription(5000, ("t1",), owned={})
             a = await g1.handle_heartbeat("g", "a", 0, sub0)
             loaded = await g2.handle_heartbeat("g", "a", a.member_epoch, Subscription(owned={T1: frozenset(parts(a))}))
