@@ -535,6 +535,28 @@ def test_a_member_ahead_of_a_new_coordinators_copy_is_not_fenced(tmp_path):
     asyncio.run(main())
 
 
+def test_a_gateway_not_coordinating_checks_fetches_against_the_stored_group(tmp_path):
+    import asyncio
+
+    from stratalog.coordinator import open_coordinator
+
+    async def main():
+        store = open_coordinator(None, tmp_path / "coordinator")
+        try:
+            g1, g2 = two_coordinators(store)
+            a = await g1.handle_heartbeat("g", "a", 0, Subscription(5000, ("t1",), owned={}))
+            assert await g2.check_fetch_stored("g", "a", a.member_epoch) is None
+            assert await g2.check_fetch_stored("g", "a", a.member_epoch + 1) == E.STALE_MEMBER_EPOCH
+            assert await g2.check_fetch_stored("g", "ghost", 1) == E.UNKNOWN_MEMBER_ID
+            assert await g2.check_fetch_stored("g", None, -1) is None  # no member named
+            assert await g2.check_fetch_stored("classic", "m", 3) is None  # not a consumer group
+            assert g2.group("g") is None  # nothing kept by the gateway that only answered
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+
+
 def test_a_stored_group_from_a_newer_gateway_is_refused(tmp_path):
     import asyncio
     import json

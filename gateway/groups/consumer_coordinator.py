@@ -290,14 +290,18 @@ class ConsumerGroups(ClassicMembers):
     def check_fetch(self, group_id: str, member_id: str | None, epoch: int) -> ErrorCode | None:
         """OffsetFetch v9 naming a member of a consumer group: it must be one, at its
         current epoch (classic groups do not check what a fetch names)."""
-        group = self._groups.get(group_id)
-        if group is None or (member_id is None and epoch < 0):
-            return None
-        member = group.members.get(member_id or "")
-        if member is None:
-            return E.UNKNOWN_MEMBER_ID
-        return None if epoch == member.epoch else E.STALE_MEMBER_EPOCH
+        return _check_fetch(self._groups.get(group_id), member_id, epoch)
 
+    async def check_fetch_stored(self, group_id: str, member_id: str | None, epoch: int
+                                 ) -> ErrorCode | None:
+        """`check_fetch` on a gateway that does not coordinate the group: against the
+        stored state, read now and not kept (the coordinator answers a heartbeat only once
+        its state is stored, so a member's current epoch is there). Store failures
+        propagate."""
+        if self._store is None or (member_id is None and epoch < 0):
+            return None
+        value = await self._store.consumer_group(group_id)
+        return None if value is None else _check_fetch(from_json(group_id, value), member_id, epoch)
     def subscribed_topic_names(self, group_id: str) -> set[str]:
         """Topics some member of the group is subscribed to (OffsetDelete's check)."""
         group = self._groups.get(group_id)
@@ -308,3 +312,12 @@ class ConsumerGroups(ClassicMembers):
         for m in group.members.values():
             out |= self._subscribed_topics(group, m, topics)
         return out
+
+
+def _check_fetch(group: ConsumerGroup | None, member_id: str | None, epoch: int) -> ErrorCode | None:
+    if group is None or (member_id is None and epoch < 0):
+        return None
+    member = group.members.get(member_id or "")
+    if member is None:
+        return E.UNKNOWN_MEMBER_ID
+    return None if epoch == member.epoch else E.STALE_MEMBER_EPOCH

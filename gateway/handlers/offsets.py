@@ -3,7 +3,7 @@
 Partitions of topics that do not exist are answered UNKNOWN_TOPIC_OR_PARTITION here; the
 rest goes to `ctx.broker.groups`. OffsetFetch v8+ asks for several groups at once, and a
 group-level error is reported per partition before v2, at the top level for v2-7 and per
-group from v8.
+group from v8. Commits go to the group's coordinator; fetches are answered by any gateway.
 """
 
 from __future__ import annotations
@@ -86,13 +86,20 @@ async def _fetch_group(ctx: RequestContext, group_id: str, topics: list | None,
     a consumer-protocol member sends and which must then be current."""
     if not ctx.allowed(Operation.DESCRIBE, ResourceType.GROUP, group_id):
         return E.GROUP_AUTHORIZATION_FAILED, []
-    if not_coordinator(ctx, group_id):
-        return E.NOT_COORDINATOR, []
+    consumer = ctx.broker.groups.consumer
     try:
-        await ctx.broker.groups.consumer.load(group_id)
+        if not_coordinator(ctx, group_id):
+            # Offsets live in the coordinator store every gateway shares, so any gateway
+            # answers a fetch. A client whose coordinator just moved may still ask the old
+            # one, and librdkafka does not retry an OffsetFetch refused NOT_COORDINATOR: the
+            # partitions it asked for were then never started (seen in the coordinator-move
+            # tests).
+            member_error = await consumer.check_fetch_stored(group_id, *member)
+        else:
+            await consumer.load(group_id)
+            member_error = consumer.check_fetch(group_id, *member)
     except Exception:  # noqa: BLE001 - unreadable, or the coordinator is unreachable
         return E.COORDINATOR_NOT_AVAILABLE, []
-    member_error = ctx.broker.groups.consumer.check_fetch(group_id, *member)
     if member_error is not None:
         return member_error, []
     wanted = None if topics is None else \
