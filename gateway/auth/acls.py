@@ -14,16 +14,14 @@ once (within the watch's delivery time).
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import ipaddress
-import logging
 from dataclasses import dataclass
 
 from stratalog.coordinator.model import AclBinding
 from stratalog.gateway.config import ConfigError
+from stratalog.gateway.following import Following
 
-log = logging.getLogger(__name__)
 
 
 class ResourceType(enum.IntEnum):
@@ -177,38 +175,13 @@ class Authorizer:
         self.allow_if_no_acl = allow_if_no_acl
         self.bindings: list[AclBinding] = []
         self._by_type: dict[int, list[AclBinding]] = {}
-        self._task: asyncio.Task | None = None
-        self._loaded = asyncio.Event()
+        self._following = Following("ACL", lambda: self.store.watch_acls(), self.reload)
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._follow(), name="acl-watch")
-        await self._loaded.wait()
+        await self._following.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-
-    async def _follow(self) -> None:
-        while True:
-            watch = None
-            try:
-                watch = await self.store.watch_acls()
-                await self.reload()  # after the watch exists: no change falls in between
-                self._loaded.set()
-                async for _ in watch:
-                    await self.reload()
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 - coordinator trouble: keep the last ACLs, retry
-                log.warning("following ACL changes failed (keeping the last ones): %s", e)
-                await asyncio.sleep(1.0)
-            finally:
-                if watch is not None:
-                    await watch.close()
+        await self._following.stop()
 
     async def reload(self) -> None:
         self._set(await self.store.acls())

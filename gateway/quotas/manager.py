@@ -11,16 +11,14 @@ the last window.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
 from typing import Callable
+
+from stratalog.gateway.following import Following
 
 from . import rules
 from .rate import TokenBucket, WindowedRate
 from .rules import Entity, Tags
-
-log = logging.getLogger(__name__)
 
 MAX_THROTTLE_MS = 2**31 - 1  # the protocol's int32
 SWEEP_EVERY = 1024  # recordings between two sweeps of idle counters
@@ -52,40 +50,15 @@ class ClientQuotas:
         self._recorded = 0
         self.throttled_ms: dict[str, int] = {kind: 0 for kind in KINDS.values()}  # metrics
         self.throttled: dict[str, int] = {kind: 0 for kind in KINDS.values()}
-        self._task: asyncio.Task | None = None
+        self._following = Following("client quota", lambda: self.store.watch_client_quotas(), self.reload)
 
     # ---- following the coordinator ----------------------------------------------------
 
     async def start(self) -> None:
-        """Load the quotas (a coordinator error is raised, for the start to retry), then
-        follow their changes."""
-        await self.reload()
-        self._task = asyncio.create_task(self._follow(), name="quota-watch")
+        await self._following.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-
-    async def _follow(self) -> None:
-        while True:
-            watch = None
-            try:
-                watch = await self.store.watch_client_quotas()
-                await self.reload()  # after the watch exists: no change falls in between
-                async for _ in watch:
-                    await self.reload()
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 - coordinator trouble: keep the last values, retry
-                log.warning("following client quota changes failed (keeping the last ones): %s", e)
-                await asyncio.sleep(1.0)
-            finally:
-                if watch is not None:
-                    await watch.close()
+        await self._following.stop()
 
     async def reload(self) -> None:
         self.quotas = {q.entity: q.values for q in await self.store.client_quotas()}
