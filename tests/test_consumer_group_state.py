@@ -463,7 +463,8 @@ def two_coordinators(store) -> tuple[ConsumerGroups, ConsumerGroups]:
     return first.groups, second.groups
 
 
-def test_a_new_coordinator_continues_the_group_from_the_store(tmp_path):
+def run_with_two_coordinators(tmp_path, body) -> None:
+    """`body(g1, g2)`: `two_coordinators` over a real embedded store."""
     import asyncio
 
     from stratalog.coordinator import open_coordinator
@@ -471,90 +472,78 @@ def test_a_new_coordinator_continues_the_group_from_the_store(tmp_path):
     async def main():
         store = open_coordinator(None, tmp_path / "coordinator")
         try:
-            g1, g2 = two_coordinators(store)
-            sub0 = Subscription(5000, ("t1",), owned={})
-            a = await g1.handle_heartbeat("g", "a", 0, sub0)
-            b = await g1.handle_heartbeat("g", "b", 0, sub0)
-            a = await g1.handle_heartbeat("g", "a", a.member_epoch, Subscription(owned={T1: frozenset(range(6))}))
-            kept = frozenset(parts(a))
-            a = await g1.handle_heartbeat("g", "a", a.member_epoch, Subscription(owned={T1: kept}))
-            b = await g1.handle_heartbeat("g", "b", b.member_epoch, Subscription(owned={}))
-            assert (a.member_epoch, b.member_epoch) == (2, 2) and len(parts(b)) == 3
-            # The coordinator moves: the second gateway loads the group as it was.
-            again = await g2.handle_heartbeat("g", "b", b.member_epoch,
-                                              Subscription(owned={T1: frozenset(parts(b))}))
-            assert again.error == E.NONE and again.member_epoch == 2
-            assert parts(again) == parts(b)  # its whole assignment once, nothing moved
-            group = g2.group("g")
-            assert group.group_epoch == 2 and group.state is ConsumerGroupState.STABLE
-            assert group.members["a"].assigned == {T1: kept}
-            # A third member joins through the new coordinator; the old one, still holding
-            # its copy, cannot overwrite that: it drops its copy and says so.
-            c = await g2.handle_heartbeat("g", "c", 0, sub0)
-            assert c.error == E.NONE and c.member_epoch == 3
-            stale = await g1.handle_heartbeat("g", "a", 0, Subscription(5000, ("t1", "t2"), owned={}))
-            assert stale.error == E.NOT_COORDINATOR
-            assert g1.group("g") is None
-            # Moving back, it loads the newer state.
-            back = await g1.handle_heartbeat("g", "a", 2, Subscription(owned={T1: kept}))
-            assert back.error == E.NONE and g1.group("g").group_epoch == 3
-            assert set(g1.group("g").members) == {"a", "b", "c"}
+            await body(*two_coordinators(store))
         finally:
             await store.close()
 
     asyncio.run(main())
+
+
+def test_a_new_coordinator_continues_the_group_from_the_store(tmp_path):
+    async def body(g1, g2):
+        sub0 = Subscription(5000, ("t1",), owned={})
+        a = await g1.handle_heartbeat("g", "a", 0, sub0)
+        b = await g1.handle_heartbeat("g", "b", 0, sub0)
+        a = await g1.handle_heartbeat("g", "a", a.member_epoch, Subscription(owned={T1: frozenset(range(6))}))
+        kept = frozenset(parts(a))
+        a = await g1.handle_heartbeat("g", "a", a.member_epoch, Subscription(owned={T1: kept}))
+        b = await g1.handle_heartbeat("g", "b", b.member_epoch, Subscription(owned={}))
+        assert (a.member_epoch, b.member_epoch) == (2, 2) and len(parts(b)) == 3
+        # The coordinator moves: the second gateway loads the group as it was.
+        again = await g2.handle_heartbeat("g", "b", b.member_epoch,
+                                          Subscription(owned={T1: frozenset(parts(b))}))
+        assert again.error == E.NONE and again.member_epoch == 2
+        assert parts(again) == parts(b)  # its whole assignment once, nothing moved
+        group = g2.group("g")
+        assert group.group_epoch == 2 and group.state is ConsumerGroupState.STABLE
+        assert group.members["a"].assigned == {T1: kept}
+        # A third member joins through the new coordinator; the old one, still holding
+        # its copy, cannot overwrite that: it drops its copy and says so.
+        c = await g2.handle_heartbeat("g", "c", 0, sub0)
+        assert c.error == E.NONE and c.member_epoch == 3
+        stale = await g1.handle_heartbeat("g", "a", 0, Subscription(5000, ("t1", "t2"), owned={}))
+        assert stale.error == E.NOT_COORDINATOR
+        assert g1.group("g") is None
+        # Moving back, it loads the newer state.
+        back = await g1.handle_heartbeat("g", "a", 2, Subscription(owned={T1: kept}))
+        assert back.error == E.NONE and g1.group("g").group_epoch == 3
+        assert set(g1.group("g").members) == {"a", "b", "c"}
+
+    run_with_two_coordinators(tmp_path, body)
 
 
 def test_a_member_ahead_of_a_new_coordinators_copy_is_not_fenced(tmp_path):
     # Two gateways can both serve a group for a moment while coordination moves: the new one
     # loaded it, then the old one still let a member join and stored that. The member then
     # comes to the new one, which must answer from the stored state, not fence it.
-    import asyncio
+    async def body(g1, g2):
+        sub0 = Subscription(5000, ("t1",), owned={})
+        a = await g1.handle_heartbeat("g", "a", 0, sub0)
+        loaded = await g2.handle_heartbeat("g", "a", a.member_epoch, Subscription(owned={T1: frozenset(parts(a))}))
+        assert loaded.error == E.NONE  # the new coordinator has its copy now
+        b = await g1.handle_heartbeat("g", "b", 0, sub0)  # the old one still serves
+        assert b.error == E.NONE and b.member_epoch == 2
+        moved = await g2.handle_heartbeat("g", "b", b.member_epoch, Subscription(owned={}))
+        assert moved.error == E.NONE and moved.member_epoch == 2
+        assert set(g2.group("g").members) == {"a", "b"}
+        # An epoch the stored state does not have either is still fenced.
+        behind = await g2.handle_heartbeat("g", "a", 7, Subscription(owned={}))
+        assert behind.error == E.FENCED_MEMBER_EPOCH
 
-    from stratalog.coordinator import open_coordinator
-
-    async def main():
-        store = open_coordinator(None, tmp_path / "coordinator")
-        try:
-            g1, g2 = two_coordinators(store)
-            sub0 = Subscription(5000, ("t1",), owned={})
-            a = await g1.handle_heartbeat("g", "a", 0, sub0)
-            loaded = await g2.handle_heartbeat("g", "a", a.member_epoch, Subscription(owned={T1: frozenset(parts(a))}))
-            assert loaded.error == E.NONE  # the new coordinator has its copy now
-            b = await g1.handle_heartbeat("g", "b", 0, sub0)  # the old one still serves
-            assert b.error == E.NONE and b.member_epoch == 2
-            moved = await g2.handle_heartbeat("g", "b", b.member_epoch, Subscription(owned={}))
-            assert moved.error == E.NONE and moved.member_epoch == 2
-            assert set(g2.group("g").members) == {"a", "b"}
-            # An epoch the stored state does not have either is still fenced.
-            behind = await g2.handle_heartbeat("g", "a", 7, Subscription(owned={}))
-            assert behind.error == E.FENCED_MEMBER_EPOCH
-        finally:
-            await store.close()
-
-    asyncio.run(main())
+    run_with_two_coordinators(tmp_path, body)
 
 
 def test_a_gateway_not_coordinating_checks_fetches_against_the_stored_group(tmp_path):
-    import asyncio
+    async def body(g1, g2):
+        a = await g1.handle_heartbeat("g", "a", 0, Subscription(5000, ("t1",), owned={}))
+        assert await g2.check_fetch_stored("g", "a", a.member_epoch) is None
+        assert await g2.check_fetch_stored("g", "a", a.member_epoch + 1) == E.STALE_MEMBER_EPOCH
+        assert await g2.check_fetch_stored("g", "ghost", 1) == E.UNKNOWN_MEMBER_ID
+        assert await g2.check_fetch_stored("g", None, -1) is None  # no member named
+        assert await g2.check_fetch_stored("classic", "m", 3) is None  # not a consumer group
+        assert g2.group("g") is None  # nothing kept by the gateway that only answered
 
-    from stratalog.coordinator import open_coordinator
-
-    async def main():
-        store = open_coordinator(None, tmp_path / "coordinator")
-        try:
-            g1, g2 = two_coordinators(store)
-            a = await g1.handle_heartbeat("g", "a", 0, Subscription(5000, ("t1",), owned={}))
-            assert await g2.check_fetch_stored("g", "a", a.member_epoch) is None
-            assert await g2.check_fetch_stored("g", "a", a.member_epoch + 1) == E.STALE_MEMBER_EPOCH
-            assert await g2.check_fetch_stored("g", "ghost", 1) == E.UNKNOWN_MEMBER_ID
-            assert await g2.check_fetch_stored("g", None, -1) is None  # no member named
-            assert await g2.check_fetch_stored("classic", "m", 3) is None  # not a consumer group
-            assert g2.group("g") is None  # nothing kept by the gateway that only answered
-        finally:
-            await store.close()
-
-    asyncio.run(main())
+    run_with_two_coordinators(tmp_path, body)
 
 
 def test_a_stored_group_from_a_newer_gateway_is_refused(tmp_path):
