@@ -4,7 +4,8 @@ Per connection, requests are handled one at a time in arrival order (so two prod
 requests to one partition append in the order they were sent), but a handler may return
 a `Deferred` — the part of its work that only waits (a WAL commit for `acks=all`, a fetch
 long poll) — and the next request is read while it waits. Responses are written strictly
-in request order, as the protocol requires.
+in request order, as the protocol requires, so each request's context carries an event
+set when the next one arrives: a fetch long poll answers then instead of making it wait.
 
 A handler that raises, a deferred part that raises, or a response that does not encode
 (see `EncodeError`) is logged with its traceback and answered with UNKNOWN_SERVER_ERROR
@@ -176,6 +177,7 @@ class GatewayServer:
         responses: asyncio.Queue = asyncio.Queue(MAX_IN_FLIGHT)
         write_task = asyncio.create_task(self._write_responses(responses, writer, peer, activity))
         current = asyncio.current_task()
+        behind = asyncio.Event()  # set when the request after the last one read arrives
         try:
             while not write_task.done():
                 if current is not None and current.cancelling():
@@ -187,6 +189,8 @@ class GatewayServer:
                 if muted > 0:
                     await asyncio.sleep(muted)
                 head = await reader.readexactly(4)
+                behind.set()
+                behind = asyncio.Event()
                 (size,) = struct.unpack(">i", head)
                 if size < 8 or size > self.max_request_bytes:
                     log.warning("%s: closing, request frame of %d bytes (limit %d)",
@@ -206,7 +210,7 @@ class GatewayServer:
                     if session.raw_tokens:
                         item = await self._raw_sasl(frame, peer, session)
                     else:
-                        item = await self._handle(frame, peer, session)
+                        item = await self._handle(frame, peer, session, behind)
                         if item is not None:
                             activity.mute(item[3].throttle_ms)
                     del frame
@@ -230,7 +234,8 @@ class GatewayServer:
             except (Exception, asyncio.CancelledError):  # noqa: BLE001
                 pass
 
-    async def _handle(self, frame: bytes, peer: str, session: Session):
+    async def _handle(self, frame: bytes, peer: str, session: Session,
+                      behind: asyncio.Event | None = None):
         started = time.perf_counter()
         try:
             req = decode_request(frame, self._supported)
@@ -251,7 +256,8 @@ class GatewayServer:
             return None
         handler = HANDLERS[req.api_key]
         ctx = RequestContext(self.broker, req.api_key, req.api_version, req.client_id, peer,
-                             req.correlation_id, session, request_bytes=len(frame))
+                             req.correlation_id, session, request_bytes=len(frame),
+                             request_behind=behind)
         token = serving.set(ctx)
         timed = LoopTime(handler.fn(ctx, req.body))
         try:

@@ -20,8 +20,18 @@ class Raw:
         self.correlation = 0
 
     def call(self, api: ApiKey, version: int, body: dict):
+        self.send(api, version, body)
+        return self.receive(api, version)
+
+    def send(self, api: ApiKey, version: int, body: dict) -> int:
+        """Send without waiting for the answer (requests pipelined on one connection are
+        answered in order); the correlation id."""
         self.correlation += 1
         self.sock.sendall(encode_request(api, version, self.correlation, body, client_id=self.client_id))
+        return self.correlation
+
+    def receive(self, api: ApiKey, version: int):
+        """The next answer on the connection, which must be to `api` at `version`."""
         (size,) = struct.unpack(">i", self._read(4))
         return decode_response(api, version, self._read(size))[1]
 

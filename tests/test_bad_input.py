@@ -227,6 +227,36 @@ def test_a_pending_long_poll_does_not_hold_up_the_stop(gateway):
     s.close()
 
 
+def test_a_request_behind_a_long_poll_is_answered_without_waiting_for_it(gateway):
+    """A Metadata request sent behind a 20 s fetch long poll on the same connection: the
+    fetch answers at once (empty), then the Metadata, both long before the 20 s."""
+    from raw_client import Raw
+
+    from stratalog.gateway.protocol.catalog import ApiKey
+
+    topic = f"idle-{uuid.uuid4().hex[:6]}"
+    p = Producer({"bootstrap.servers": gateway.bootstrap})
+    p.produce(topic, value=b"x")
+    assert p.flush(20) == 0
+    raw = Raw(gateway.bootstrap)
+    try:
+        raw.send(ApiKey.FETCH, 4, {
+            "replica_id": -1, "max_wait_ms": 20000, "min_bytes": 1, "max_bytes": 1 << 20,
+            "isolation_level": 0, "topics": [{"topic": topic, "partitions": [
+                {"partition": 0, "fetch_offset": 1, "partition_max_bytes": 1 << 20}]}]})
+        time.sleep(0.5)  # the fetch is waiting
+        began = time.monotonic()
+        raw.send(ApiKey.METADATA, 1, {"topics": [{"name": topic}]})
+        fetched = raw.receive(ApiKey.FETCH, 4)
+        meta = raw.receive(ApiKey.METADATA, 1)
+        assert time.monotonic() - began < 10
+        assert fetched.responses[0].partitions[0].error_code == 0
+        assert not fetched.responses[0].partitions[0].records
+        assert [t.name for t in meta.topics] == [topic]
+    finally:
+        raw.close()
+
+
 def _fetch_all(gw, topic: str, copies: int, max_bytes: int):
     s = _connect(gw)
     try:

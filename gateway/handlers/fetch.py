@@ -4,7 +4,8 @@ Batches go out exactly as they were appended (never re-encoded). The first parti
 with data always gets at least one whole batch, even past `max_bytes`, so a consumer can
 never stall on a large batch; after that, partitions are filled while they fit in
 `max_bytes`, which the broker's `fetch.max.bytes` caps. A partition listed more than once
-is answered once.
+is answered once. A long poll ends early, with what it has, once another request arrives
+behind it on the connection (answers go out in request order, so that one would wait).
 
 Under a consumer_byte_rate quota a response holds at most what is left of the quota over
 its measured span; one that would take the client over its quota (its first batch alone
@@ -17,6 +18,7 @@ in the range, whose records the client drops (leaders and replicas alike).
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from stratalog.engine.errors import EngineError
@@ -127,17 +129,36 @@ def _has_errors(responses) -> bool:
 
 
 async def _long_poll(ctx, req, version, responses, total, readable, quota_bytes):
+    """Wait for data up to max_wait_ms, but no longer than until another request arrives
+    behind this one on the connection: its answer has to wait for this one's, and a
+    FindCoordinator or Metadata held up that long starts client loops (librdkafka fails a
+    queued OffsetCommit each time its coordinator is set again, then asks again: seen as a
+    consumer that stopped heartbeating). An early, shorter answer is one a fetch may get."""
     broker = ctx.broker
     deadline = time.monotonic() + req.max_wait_ms / 1000
+    behind = ctx.request_behind
     while total < max(req.min_bytes, 1):
         left = deadline - time.monotonic()
-        if left <= 0:
+        if left <= 0 or (behind is not None and behind.is_set()):
             break
-        await broker.engine.wait_for_data(left)
+        await _data_or_request_behind(broker, behind, left)
         responses, total = await _read_all(broker, req, version, readable, quota_bytes)
         if _has_errors(responses):
             break
     return _answer(ctx, responses, total)
+
+
+async def _data_or_request_behind(broker, behind: asyncio.Event | None, timeout_s: float) -> None:
+    if behind is None:
+        await broker.engine.wait_for_data(timeout_s)
+        return
+    waits = {asyncio.ensure_future(broker.engine.wait_for_data(timeout_s)),
+             asyncio.ensure_future(behind.wait())}
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
 
 
 def _answer(ctx: RequestContext, responses, total: int) -> dict:

@@ -8,6 +8,7 @@ request's version. Handlers never see bytes or sockets. They are registered by n
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
@@ -31,6 +32,9 @@ class RequestContext:
     session: "Session | None" = None  # the connection's listener and principal
     request_bytes: int = 0  # the request frame's size (what a produce quota counts)
     throttle_ms: int = 0  # a quota's throttle: the answer carries it, the connection is muted
+    # Set once another request arrives on the connection after this one (its answer must
+    # wait for this one's): a long poll then answers at once rather than hold it up.
+    request_behind: asyncio.Event | None = None
 
     @property
     def principal(self) -> str:
