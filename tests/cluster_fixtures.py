@@ -143,7 +143,22 @@ def start_cluster(gateway_factory, etcd, tmp_path, n: int, *, s3: MotoS3 | None 
         gws.append(gateway_factory(
             settings={**CLUSTER_SETTINGS, **settings},
             extra_args=["--coordinator", etcd.url, *store, "--broker-id", str(i)]))
+    wait_until_all_see_each_other(gws)
     return gws
+
+
+def wait_until_all_see_each_other(gws, timeout: float = 30) -> None:
+    """Until every gateway lists them all as live. A gateway learns of another through the
+    coordinator a moment after that one registered; before then it would, say, answer
+    FindCoordinator with itself for a group the other coordinates."""
+    def sees_all(gw) -> bool:
+        admin = AdminClient({"bootstrap.servers": gw.bootstrap, "logger": QUIET})
+        return len(admin.list_topics(timeout=10).brokers) == len(gws)
+
+    deadline = time.monotonic() + timeout
+    while not all(sees_all(gw) for gw in gws):
+        assert time.monotonic() < deadline, "the gateways did not all see each other"
+        time.sleep(0.1)
 
 
 def restart_all(gws) -> None:
