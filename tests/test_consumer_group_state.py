@@ -533,6 +533,24 @@ def test_a_member_ahead_of_a_new_coordinators_copy_is_not_fenced(tmp_path):
     run_with_two_coordinators(tmp_path, body)
 
 
+def test_a_copy_dropped_for_a_newer_one_reads_the_store_again(tmp_path):
+    # The first gateway found no group in the store (and remembers that for a while); the
+    # second then made one. The first's next heartbeat makes a new group that cannot be
+    # stored; the one after must continue the stored group, not make another new one.
+    async def body(g1, g2):
+        sub0 = Subscription(5000, ("t1",), owned={})
+        await g1.load("g")
+        b = await g2.handle_heartbeat("g", "b", 0, sub0)
+        assert b.error == E.NONE
+        refused = await g1.handle_heartbeat("g", "a", 0, sub0)
+        assert refused.error == E.NOT_COORDINATOR
+        a = await g1.handle_heartbeat("g", "a", 0, sub0)
+        assert a.error == E.NONE and a.member_epoch == 2
+        assert set(g1.group("g").members) == {"a", "b"}
+
+    run_with_two_coordinators(tmp_path, body)
+
+
 def test_a_gateway_not_coordinating_checks_fetches_against_the_stored_group(tmp_path):
     async def body(g1, g2):
         a = await g1.handle_heartbeat("g", "a", 0, Subscription(5000, ("t1",), owned={}))

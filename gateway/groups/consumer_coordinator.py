@@ -60,6 +60,9 @@ class ConsumerGroups(ClassicMembers):
         super().forget(group_id)
         self._stored.pop(group_id, None)
         self._dirty.discard(group_id)
+        # The copy is dropped because the store may hold another: it must be read again,
+        # not believed absent (each heartbeat would make a new group that fails to store).
+        self._absent.pop(group_id, None)
 
     def _after_tick(self) -> None:
         self._drop_moved()
