@@ -303,10 +303,6 @@ def snapshot(d) -> dict[str, frozenset[int]]:
     return {m.member_id: frozenset(p.partition for p in m.assignment.topic_partitions) for m in d.members}
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "once in CI, after the coordinator moved back, one librdkafka member sent the new "
-    "coordinator no heartbeat for its whole 30 s session (the other member did) and was "
-    "removed; not reproduced in 12 runs here, cause not found (issue 11)"))
 def test_the_group_continues_when_its_coordinator_moves(gateway_factory, etcd, tmp_path):
     # A session long enough for a client to find the gateway back: librdkafka's reconnect
     # backoff to a gateway that was down grows to seconds.
