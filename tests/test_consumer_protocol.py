@@ -126,7 +126,8 @@ class Member(threading.Thread):
 
 class Records:
     def __init__(self, bootstrap: str):
-        self.producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+        self.producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5,
+                                  "enable.idempotence": True})
         self.total = 0
 
     def produce(self, topic: str, n: int, partitions: int = PARTITIONS) -> None:
@@ -303,15 +304,17 @@ def snapshot(d) -> dict[str, frozenset[int]]:
     return {m.member_id: frozenset(p.partition for p in m.assignment.topic_partitions) for m in d.members}
 
 
-def test_the_group_continues_when_its_coordinator_moves(gateway_factory, etcd, tmp_path):
+def test_the_group_continues_when_its_coordinator_is_killed(gateway_factory, etcd, tmp_path):
     # A session long enough for a client to find the gateway back: librdkafka's reconnect
     # backoff to a gateway that was down grows to seconds.
-    gws = start_cluster(gateway_factory, etcd, tmp_path, 2,
+    gws = start_cluster(gateway_factory, etcd, tmp_path, 3,
                         **{**SETTINGS, "group.consumer.session.timeout.ms": 30_000})
     bootstrap = ",".join(g.bootstrap for g in gws)
-    # A group the second gateway coordinates while both are up (the first when alone).
+    # A group the third gateway coordinates while all are up; one of the other two when
+    # it is gone (the coordinator is a hash over the live gateways, in id order).
     group = next(g for g in (f"move-{uuid.uuid4().hex[:8]}" for _ in range(100))
-                 if zlib.crc32(g.encode()) % 2 == 1)
+                 if zlib.crc32(g.encode()) % 3 == 2)
+    survivor = (1, 2)[zlib.crc32(group.encode()) % 2]
     topic = f"cg-move-{uuid.uuid4().hex[:6]}"
     make_topic(bootstrap, topic)
     records = Records(bootstrap)
@@ -331,22 +334,23 @@ def test_the_group_continues_when_its_coordinator_moves(gateway_factory, etcd, t
             before = describe(bootstrap, group)
             return before is not None and before.state == ConsumerGroupState.STABLE
         wait_for(stable, 20, "a Stable group")
+        assert before.coordinator.id == 3
         events = [len(m.events) for m in members]
-        # The coordinator stops: the other gateway loads the group from etcd and carries on
-        # with the same members, epochs and partitions.
-        gws[1].stop()
-        records.produce(topic, 300)
 
-        def continued(bootstrap_now: str) -> bool:
+        def continued(bootstrap_now: str, coordinator: int) -> bool:
             d = describe(bootstrap_now, group)
             return (d is not None and d.state == ConsumerGroupState.STABLE
-                    and snapshot(d) == snapshot(before)
-                    and d.coordinator.id == (1 if bootstrap_now == gws[0].bootstrap else 2))
-        wait_for(lambda: continued(gws[0].bootstrap), 40, "the first gateway to continue the group")
-        # And back.
-        gws[1].start()
+                    and snapshot(d) == snapshot(before) and d.coordinator.id == coordinator)
+        # The coordinator dies: another gateway loads the group from etcd and carries on
+        # with the same members, epochs and partitions.
+        gws[2].kill9()
         records.produce(topic, 300)
-        wait_for(lambda: continued(bootstrap), 40, "the second gateway to continue it again")
+        survivors = ",".join(g.bootstrap for g in gws[:2])
+        wait_for(lambda: continued(survivors, survivor), 40, "a surviving gateway to continue the group")
+        # And back.
+        gws[2].start()
+        records.produce(topic, 300)
+        wait_for(lambda: continued(bootstrap, 3), 40, "the third gateway to continue it again")
 
         def all_delivered():
             with lock:
