@@ -22,7 +22,8 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
 from stratalog.spark.options import OptionError
 from stratalog.spark.sink_options import WriteOptions, parse_write_options
-from stratalog.spark.writing import TaskResult, write_micro_batch_task, write_task
+from stratalog.spark.writing import (SinkError, TaskResult, check_producer_settings, write_micro_batch_task,
+                                     write_task)
 
 try:  # Arrow batches in streaming writes arrived after Spark 4.0; rows work everywhere
     from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriterBase
@@ -47,6 +48,13 @@ class SinkCommit(WriterCommitMessage):
         return cls(result.partition, result.records, result.skipped)
 
 
+def _check(options: WriteOptions) -> None:
+    try:
+        check_producer_settings(options)
+    except SinkError as exc:
+        raise OptionError(str(exc)) from None
+
+
 def _task():
     from pyspark import TaskContext
 
@@ -68,6 +76,7 @@ class StratalogWriter(DataSourceArrowWriter):
             raise OptionError("the stratalog sink appends records; save mode overwrite is not supported "
                               "(use append or the default errorifexists)")
         self.options: WriteOptions = parse_write_options(options, schema)
+        _check(self.options)
 
     def write(self, iterator):
         result = write_task(iterator, self.options, _task().partitionId())
@@ -86,6 +95,7 @@ class StratalogStreamWriter(_StreamWriterBase):
 
     def __init__(self, options: dict, schema) -> None:
         self.options: WriteOptions = parse_write_options(options, schema)
+        _check(self.options)
 
     def write(self, iterator):
         context = _task()

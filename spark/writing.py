@@ -141,6 +141,12 @@ def _producer(options: WriteOptions, **extra):
         raise SinkError(f"the kafka.* options do not make a producer: {exc.args[0].str()}") from None
 
 
+def check_producer_settings(options: WriteOptions) -> None:
+    """Make (and drop) the producer the tasks will make, so a setting librdkafka does not
+    know fails on the driver, before any row is written."""
+    _producer(options, **{"transactional.id": "stratalog-sink-settings-check"})
+
+
 @dataclass(frozen=True)
 class TaskResult:
     """What one task did (Spark hands these to the driver's commit)."""

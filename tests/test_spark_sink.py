@@ -104,6 +104,8 @@ def test_topic_comes_from_the_column_unless_the_option_names_one(spark, gw):
     ("value string, partition long", [("v", 0)], {"topic": "T"}, "column 'partition' must be an int, not bigint"),
     ("value string, headers map<string,binary>", [("v", {})], {"topic": "T"}, "column 'headers' must be"),
     ("value string", [("v",)], {"topic": "T", "kafka.transactional.id": "x"}, "kafka.transactional.id is set"),
+    ("value string", [("v",)], {"topic": "T", "kafka.sasl.jaas.config": "x"}, "Java JAAS configuration is not supported"),
+    ("value string", [("v",)], {"topic": "T", "kafka.acks": "1"}, "acks"),
 ])
 def test_a_bad_schema_or_option_is_refused_before_anything_is_written(spark, gw, schema, rows, options, message):
     topic = _topic(gw, 1)
