@@ -18,16 +18,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
+from pyspark.sql.datasource import WriterCommitMessage
 
 from stratalog.spark.options import OptionError
 from stratalog.spark.sink_options import WriteOptions, parse_write_options
 from stratalog.spark.writing import (SinkError, TaskResult, check_producer_settings, write_micro_batch_task,
                                      write_task)
 
-try:  # Arrow batches in streaming writes arrived after Spark 4.0; rows work everywhere
+# Tasks take Arrow batches where this Spark hands them over (`spark.writing.records` takes
+# rows too), so the sink works on every Spark 4 release.
+try:
+    from pyspark.sql.datasource import DataSourceArrowWriter as _WriterBase
+except ImportError:  # pragma: no cover - older Spark
+    from pyspark.sql.datasource import DataSourceWriter as _WriterBase
+try:
     from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriterBase
-except ImportError:  # pragma: no cover - Spark 4.0
+except ImportError:  # pragma: no cover - older Spark
     from pyspark.sql.datasource import DataSourceStreamWriter as _StreamWriterBase
 
 # Spark sets these local properties on every task of a micro-batch.
@@ -64,7 +70,7 @@ def _task():
     return context
 
 
-class StratalogWriter(DataSourceArrowWriter):
+class StratalogWriter(_WriterBase):
     """Batch writes: each task produces its rows with an idempotent producer.
 
     A task Spark retries writes its rows again (at least once); the driver's commit has
