@@ -256,3 +256,33 @@ def test_write_options_pass_kafka_settings_and_keep_connection_ones_for_the_mark
         parse_write_options({"kafka.bootstrap.servers": "h:1", "kafka.enable.idempotence": "false",
                              "topic": "t"}, schema)
 
+
+
+# ---- security ----------------------------------------------------------------------------
+
+
+def test_kafka_security_options_reach_the_task_producers_and_marker_consumers(spark, tmp_path):
+    """Over SASL_SSL with SCRAM (kafka.security.protocol, kafka.sasl.*, kafka.ssl.ca.location),
+    a batch write and a streaming write both land, read back over the plaintext listener."""
+    from test_security import SecureGateway
+
+    with SecureGateway(tmp_path / "secure") as secure:
+        plain = secure.address("PLAINTEXT")
+        topic = f"sink-sec-{uuid.uuid4().hex[:8]}"
+        create_topic(plain, topic, 1)
+        options = {f"kafka.{k}": v for k, v in secure.librdkafka("SASL_SSL", "SCRAM-SHA-512").items()}
+        writer = spark.createDataFrame([("batch-1",), ("batch-2",)], "value string").write.format("stratalog")
+        writer.mode("append").options(**options).option("topic", topic).save()
+
+        source = tmp_path / "in"
+        source.mkdir()
+        (source / "rows.txt").write_text("stream-1\nstream-2\n")
+        query = (spark.readStream.format("text").load(str(source)).writeStream.format("stratalog")
+                 .options(**options).option("topic", topic).option("checkpointLocation", str(tmp_path / "ck"))
+                 .trigger(availableNow=True).start())
+        try:
+            assert query.awaitTermination(180), "the availableNow query did not finish"
+            assert query.exception() is None, query.exception()
+        finally:
+            query.stop()
+        assert sorted(_read_committed(plain, topic, 1)) == [b"batch-1", b"batch-2", b"stream-1", b"stream-2"]
