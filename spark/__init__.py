@@ -1,2 +1,3 @@
 """PySpark jobs over a Stratalog object store: the `stratalog` data source (batch and
-streaming), compaction and export. Submodules import pyspark; this package does not."""
+streaming reads from the store, batch and streaming writes through gateways), compaction
+and export. Submodules import pyspark; this package does not."""

@@ -28,7 +28,8 @@ NAME = "stratalog"
 
 
 class StratalogDataSource(DataSource):
-    """Batch and streaming reads of a Stratalog topic's sealed segments."""
+    """Batch and streaming reads of a Stratalog topic's sealed segments; writes through
+    gateways (`spark.sink`)."""
 
     @classmethod
     def name(cls) -> str:
@@ -44,6 +45,16 @@ class StratalogDataSource(DataSource):
         from stratalog.spark.streaming import StratalogStreamReader
 
         return StratalogStreamReader(dict(self.options))
+
+    def writer(self, schema, overwrite: bool):
+        from stratalog.spark.sink import StratalogWriter
+
+        return StratalogWriter(dict(self.options), schema, overwrite)
+
+    def streamWriter(self, schema, overwrite: bool):
+        from stratalog.spark.sink import StratalogStreamWriter
+
+        return StratalogStreamWriter(dict(self.options), schema)
 
 
 class StratalogReader(DataSourceReader):
