@@ -1,0 +1,283 @@
+"""`stratalog migrate`: an embedded installation moved to etcd and S3. Objects are copied
+and checked by CRC-32C, the keyspace written into an empty etcd, both resumable; clients of
+the cluster then see every acknowledged record, each consumer group resumes where it
+committed and an idempotent producer's retry is still a duplicate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stratalog.infra.cli import main
+
+from cluster_fixtures import (QUIET, coordinator_call, etcd, fault_proxy, moto_s3,  # noqa: F401  (fixtures)
+                              start_cluster, wait_for)
+
+
+# ---- the object copy -----------------------------------------------------------------------
+
+def _stores(tmp_path: Path):
+    from stratalog.tiering.objectstore import open_store
+
+    return open_store((tmp_path / "src").as_uri()), open_store((tmp_path / "dst").as_uri())
+
+
+@pytest.mark.unit
+def test_copy_sends_each_object_once_checks_it_and_resumes(tmp_path):
+    from stratalog.tiering.objectstore.copy import copy_objects
+
+    src, dst = _stores(tmp_path)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    objects = {f"topics/t/{i}/{i:020d}.log": os.urandom(1000 * i + 1) for i in range(6)}
+    objects["wal/1/00000000000000000001.wal"] = b""  # empty objects copy too
+
+    async def body():
+        for k, v in objects.items():
+            await src.put(k, v)
+        first = await copy_objects(src, dst, scratch, parallel=3)
+        assert (first.copied, first.skipped, first.bytes_copied) == (7, 0, sum(map(len, objects.values())))
+        for k, v in objects.items():
+            assert await dst.get(k) == v
+        # A rerun sends nothing; a target object with other bytes of the same size, or a
+        # missing one, is sent again; one the source no longer has goes only with prune.
+        damaged = "topics/t/3/00000000000000000003.log"
+        await dst.put(damaged, bytes(len(objects[damaged])))
+        await dst.delete(["topics/t/1/00000000000000000001.log"])
+        await dst.put("wal/1/00000000000000000000.wal", b"left from an earlier pass")
+        await dst.put("migration.json", b"{}")
+        again = await copy_objects(src, dst, scratch, exclude=frozenset({"migration.json"}))
+        assert (again.copied, again.skipped, again.removed) == (2, 5, 0)
+        assert await dst.get(damaged) == objects[damaged]
+        pruned = await copy_objects(src, dst, scratch, exclude=frozenset({"migration.json"}), prune=True)
+        assert (pruned.copied, pruned.skipped, pruned.removed) == (0, 7, 1)
+        assert sorted(o.key for o in await dst.list("")) == sorted([*objects, "migration.json"])
+        assert list(scratch.iterdir()) == []
+
+    asyncio.run(body())
+
+
+# ---- the keyspace --------------------------------------------------------------------------
+
+@pytest.mark.unit
+def test_keyspace_write_resumes_its_own_target_and_refuses_any_other(tmp_path):
+    from stratalog.coordinator import open_coordinator
+    from stratalog.coordinator import migration
+    from stratalog.coordinator.kv import Put
+    from stratalog.coordinator.model import CommittedOffset, PartitionState
+
+    async def body():
+        source = open_coordinator(None, tmp_path / "source")
+        try:
+            await source.cluster_id()
+            await source.create_topic("t", 2, 1, {"cleanup.policy": "compact"},
+                                      {p: PartitionState(1, 3, (1,), (1,)) for p in range(2)})
+            await source.commit_offsets("g", {("t", 0): CommittedOffset(5, 3, "", 0)})
+            await source.allocate_producer_ids(1000)
+            _, keys = await source.read_keyspace()
+        finally:
+            await source.close()
+        cid = json.loads(dict(keys)["cluster_id"])
+
+        target = open_coordinator(None, tmp_path / "target")
+        try:
+            assert await migration.claim(target, cid, "here") == migration.NEW
+            # A run that stopped after part of the keys, and left one the source no longer has.
+            await target.kv.txn([], [Put(target.prefix + k, v) for k, v in keys[: len(keys) // 2]])
+            await target.kv.put(target.prefix + "segments/gone/0/00000000000000000000", b"{}")
+            assert await migration.claim(target, cid, "here") == migration.RESUMING
+            with pytest.raises(migration.TargetInUse, match="from another installation"):
+                await migration.claim(target, "another-id", "there")
+            put, deleted = await migration.write(target, keys)
+            assert deleted == 1 and put >= 1
+            _, written = await target.read_keyspace()
+            # Equal to the source, but the marker and the deletes' mark for gateways' indexes.
+            assert sorted(k for k in written if k[0] not in (migration.MARKER, "index_deletions")) == sorted(keys)
+            assert (await target.topic("t")).configs == {"cleanup.policy": "compact"}
+            assert (await target.fetch_offsets("g"))[("t", 0)].offset == 5
+            assert await migration.claim(target, cid, "here") == migration.COMPLETE
+        finally:
+            await target.close()
+
+        other = open_coordinator(None, tmp_path / "other")
+        try:
+            await other.cluster_id()  # a cluster of its own
+            with pytest.raises(migration.TargetInUse, match="holds 1 keys and no migration"):
+                await migration.claim(other, cid, "here")
+        finally:
+            await other.close()
+
+    asyncio.run(body())
+
+
+# ---- end to end ----------------------------------------------------------------------------
+
+ck = pytest.importorskip("confluent_kafka", reason="confluent-kafka is not installed")
+from confluent_kafka import Consumer  # noqa: E402
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
+
+def _idempotent_batch(seq: int, pid: int, epoch: int) -> bytes:
+    from stratalog.tiering.batch import build_batch
+
+    return build_batch([(b"idem", f"record-{seq}".encode(), [])], producer_id=pid, producer_epoch=epoch,
+                       base_sequence=seq)
+
+
+class _IdempotentProducer:
+    """An idempotent producer by hand, so its last batch can be sent again as a retry."""
+
+    def __init__(self, bootstrap: str, pid: int | None = None, epoch: int = -1):
+        import raw_client
+        from stratalog.gateway.protocol.catalog import ApiKey
+
+        self.api = ApiKey
+        self.raw = raw_client.Raw(bootstrap)
+        if pid is not None:  # the same producer, on another connection
+            self.pid, self.epoch = pid, epoch
+            return
+        got = self.raw.call(ApiKey.INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout_ms": 60000,
+                                                         "producer_id": -1, "producer_epoch": -1})
+        assert got.error_code == 0, got
+        self.pid, self.epoch = got.producer_id, got.producer_epoch
+
+    def send(self, topic: str, batch: bytes) -> tuple[int, int]:
+        resp = self.raw.call(self.api.PRODUCE, 9, {
+            "transactional_id": None, "acks": -1, "timeout_ms": 10000,
+            "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": batch}]}]})
+        answer = resp.responses[0].partition_responses[0]
+        return answer.error_code, answer.base_offset
+
+
+def _migrate_args(data_dir: Path, etcd_url: str, s3, endpoint: str | None = None) -> list[str]:
+    return ["migrate", "--data-dir", str(data_dir), "--coordinator", etcd_url, "--object-store", s3.url,
+            "--s3-endpoint", endpoint or s3.endpoint, "--s3-path-style"]
+
+
+def test_migrate_an_embedded_installation_to_etcd_and_s3(gateway_factory, etcd, fault_proxy, moto_s3,  # noqa: F811
+                                                         tmp_path, capsys):
+    from test_coordinator_backup import _commit, _partition_view, _produce, _read_all, _records, _store_call
+
+    from s3_fault_proxy import FaultRule
+
+    data_dir = tmp_path / "data"
+    gw = gateway_factory(data_dir=data_dir, settings={"log.segment.bytes": 1400})
+    admin = AdminClient({"bootstrap.servers": gw.bootstrap, "logger": QUIET})
+    for new in (NewTopic("orders", 2, 1), NewTopic("idem", 1, 1),
+                NewTopic("latest", 1, 1, config={"cleanup.policy": "compact", "segment.bytes": "1400"})):
+        admin.create_topics([new])[new.topic].result(30)
+    orders = _records(20, 2)  # 10 a partition: sealed segments, then records only in the WAL
+    _produce(gw.bootstrap, "orders", orders)
+    latest = [(0, f"key{i % 3}".encode(), f"value{i}-".encode() + b"y" * 300, []) for i in range(9)]
+    _produce(gw.bootstrap, "latest", latest)
+    producer = _IdempotentProducer(gw.bootstrap)
+    acked = [producer.send("idem", _idempotent_batch(seq, producer.pid, producer.epoch)) for seq in range(3)]
+    assert acked == [(0, 0), (0, 1), (0, 2)]
+    _commit(gw.bootstrap, "billing", "orders", {0: 4, 1: 7})
+    before = {"orders": _read_all(gw.bootstrap, "orders", [0, 1], {0: 10, 1: 10}),
+              "latest": _read_all(gw.bootstrap, "latest", [0], {0: 9}),
+              "idem": _read_all(gw.bootstrap, "idem", [0], {0: 3})}
+
+    # A first copy beside the running gateway; the rest is refused while it runs.
+    store = ["--object-store", moto_s3.url, "--s3-endpoint", moto_s3.endpoint, "--s3-path-style"]
+    assert main(["migrate", "--objects-only", "--data-dir", str(data_dir), *store]) == 0
+    assert "objects:" in capsys.readouterr().out
+    precopied = set(moto_s3.keys())
+    assert any(k.startswith("topics/") for k in precopied) and "migration.json" in precopied
+    assert main(_migrate_args(data_dir, etcd.url, moto_s3)) == 1
+    assert "a gateway is running on" in capsys.readouterr().err
+    producer.raw.close()
+    gw.stop()
+    view = _store_call(None, data_dir, _partition_view)
+    for tp in [("orders", 0), ("orders", 1), ("latest", 0)]:
+        _, segments, wal, _ = view[tp]
+        assert segments and wal, (tp, view[tp])  # sealed records, and records only in the WAL
+
+    # Bad arguments and a target someone else uses: one line, non-zero, nothing written.
+    assert main(["migrate", "--data-dir", str(data_dir), *store]) == 2
+    assert "--coordinator etcd://HOST:PORT is required" in capsys.readouterr().err
+    assert main(["migrate", "--data-dir", str(tmp_path / "nowhere"), "--coordinator", etcd.url, *store]) == 1
+    assert "no embedded installation in" in capsys.readouterr().err
+    coordinator_call(etcd.url, lambda s: s.kv.put(s.prefix + "cluster_id", b'"someone-else"'))
+    assert main(_migrate_args(data_dir, etcd.url, moto_s3)) == 1
+    assert "no migration of this installation wrote them" in capsys.readouterr().err
+    coordinator_call(etcd.url, lambda s: s.kv.delete_prefix(s.prefix))
+    assert set(moto_s3.keys()) == precopied
+
+    # kill -9 mid-copy: WAL objects (copied last: keys sort after topics/) hang at the proxy.
+    source_wal = sorted(str(p.relative_to(data_dir / "objects")) for p in (data_dir / "objects/wal").rglob("*.wal"))
+    assert source_wal
+    moto_s3.client().delete_objects(Bucket=moto_s3.bucket, Delete={
+        "Objects": [{"Key": f"{moto_s3.prefix}/{k}"} for k in source_wal if k in precopied]})
+    fault_proxy.set_rules(FaultRule(("PUT",), "stall", key_contains="/wal/"))
+    proc = subprocess.Popen([sys.executable, "-m", "stratalog", *_migrate_args(
+        data_dir, etcd.url, moto_s3, fault_proxy.endpoint), "--parallel", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: fault_proxy.held() or proc.poll() is not None, timeout=60, what="a stalled WAL copy")
+        assert proc.poll() is None, proc.communicate()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+    fault_proxy.clear()
+    fault_proxy.release()
+    assert not set(source_wal) <= set(moto_s3.keys())  # interrupted half way
+
+    assert main(_migrate_args(data_dir, etcd.url, moto_s3)) == 0
+    out = capsys.readouterr().out
+    assert "(resumed)" in out and "migrated" in out, out
+    copied = out.split("objects: ", 1)[1]
+    assert int(copied.split(" copied")[0]) <= len(source_wal) + 1, out  # only the difference
+    objects = {str(p.relative_to(data_dir / "objects")) for p in (data_dir / "objects").rglob("*") if p.is_file()}
+    assert set(moto_s3.keys()) == objects | {"migration.json"}
+    assert main(_migrate_args(data_dir, etcd.url, moto_s3)) == 0
+    assert "nothing to do" in capsys.readouterr().out
+
+    # The cluster serves it: every record as acknowledged, offsets and producer state carried.
+    (cgw,) = start_cluster(gateway_factory, etcd, tmp_path, 1, s3=moto_s3)
+    after = {"orders": _read_all(cgw.bootstrap, "orders", [0, 1], {0: 10, 1: 10}),
+             "latest": _read_all(cgw.bootstrap, "latest", [0], {0: 9}),
+             "idem": _read_all(cgw.bootstrap, "idem", [0], {0: 3})}
+    assert after == before
+    assert [r[1:] for p in (0, 1) for r in after["orders"][p]] == \
+        [(k, v, h) for p in (0, 1) for (pp, k, v, h) in orders if pp == p]
+
+    consumer = Consumer({"bootstrap.servers": cgw.bootstrap, "group.id": "billing", "auto.offset.reset": "earliest",
+                         "enable.auto.commit": False, "logger": QUIET})
+    consumer.subscribe(["orders"])
+    resumed: list[tuple[int, int]] = []
+    try:
+        wait_for(lambda: _poll_into(consumer, resumed) and len(resumed) >= 6 + 3, timeout=60,
+                 what="the group's remaining records", interval=0)
+        for _ in range(10):  # nothing more, nothing twice
+            _poll_into(consumer, resumed)
+    finally:
+        consumer.close()
+    assert sorted(resumed) == [(0, o) for o in range(4, 10)] + [(1, o) for o in range(7, 10)]
+
+    retry = _IdempotentProducer(cgw.bootstrap, producer.pid, producer.epoch)
+    try:
+        def duplicate():
+            code, offset = retry.send("idem", _idempotent_batch(2, producer.pid, producer.epoch))
+            return (code, offset) if code == 0 else None
+        assert wait_for(duplicate, timeout=30, what="the retried batch answered") == (0, 2)
+        assert retry.send("idem", _idempotent_batch(3, producer.pid, producer.epoch)) == (0, 3)
+    finally:
+        retry.raw.close()
+    assert [r[2] for r in _read_all(cgw.bootstrap, "idem", [0], {0: 4})[0]] == \
+        [b"record-0", b"record-1", b"record-2", b"record-3"]
+
+
+def _poll_into(consumer, out: list) -> bool:
+    msg = consumer.poll(0.5)
+    if msg is not None and not msg.error():
+        out.append((msg.partition(), msg.offset()))
+    return True
