@@ -231,11 +231,17 @@ def test_migrate_an_embedded_installation_to_etcd_and_s3(gateway_factory, etcd, 
     fault_proxy.release()
     assert not set(source_wal) <= set(moto_s3.keys())  # interrupted half way
 
-    assert main(_migrate_args(data_dir, etcd.url, moto_s3)) == 0
+    requests = dict(fault_proxy.requests)
+    assert main(_migrate_args(data_dir, etcd.url, moto_s3, fault_proxy.endpoint)) == 0
     out = capsys.readouterr().out
     assert "(resumed)" in out and "migrated" in out, out
-    copied = out.split("objects: ", 1)[1]
-    assert int(copied.split(" copied")[0]) <= len(source_wal) + 1, out  # only the difference
+    copied, skipped = (int(out.split("objects: ", 1)[1].split(" copied")[0]),
+                       int(out.split(" bytes), ", 1)[1].split(" already there")[0]))
+    assert 0 < copied <= len(source_wal) + 1 and skipped > 10, out  # only the difference
+    # Objects already there were checked by the CRC-32C S3 keeps (HEAD), not downloaded:
+    # the stop a migration needs does not grow with what the first pass copied.
+    sent = {op: n - requests.get(op, 0) for op, n in fault_proxy.requests.items()}
+    assert sent.get("GET", 0) <= 2 and sent["HEAD"] >= copied + skipped, sent  # GETs: the marker
     objects = {str(p.relative_to(data_dir / "objects")) for p in (data_dir / "objects").rglob("*") if p.is_file()}
     assert set(moto_s3.keys()) == objects | {"migration.json"}
     assert main(_migrate_args(data_dir, etcd.url, moto_s3)) == 0

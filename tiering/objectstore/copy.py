@@ -4,9 +4,9 @@
 Rerunning a copy resumes it: an object the target already holds with the source's size
 and CRC-32C is left alone, so after an interruption only what is missing or differs is
 sent again (a half-sent object never exists: puts are whole). Each object goes through a
-scratch file in READ_CHUNK reads, so memory stays bounded whatever the object's size, and
-after the put the target's bytes are read back and their CRC-32C compared with the
-source's, which checks the bytes as stored rather than as sent.
+scratch file in READ_CHUNK reads, so memory stays bounded whatever the object's size.
+After the put, the target's CRC-32C of the object is compared with the source's: the
+one S3 keeps (`_holds`), else that of the bytes read back.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 import crc32c
 
-from stratalog.tiering.objectstore.base import ObjectInfo, ObjectNotFound, ObjectStore, ObjectStoreError
+from stratalog.tiering.objectstore.base import (ObjectInfo, ObjectNotFound, ObjectStore, ObjectStoreError,
+                                                crc32c_checksum_of)
 
 READ_CHUNK = 8 * 1024 * 1024
 
@@ -98,19 +99,32 @@ async def copy_objects(source: ObjectStore, target: ObjectStore, scratch: Path, 
 async def _copy_one(source: ObjectStore, target: ObjectStore, obj: ObjectInfo,
                     present_size: int | None, path: Path) -> bool:
     """Copy one object unless the target holds it already; whether it was sent."""
-    expected = await crc32c_of(source, obj.key, obj.size, into=path)
     if present_size == obj.size:
         try:
-            if await crc32c_of(target, obj.key, obj.size) == expected:
+            if await _holds(target, obj, await crc32c_of(source, obj.key, obj.size)):
                 return False
         except (ObjectNotFound, CopyMismatch):
-            pass  # replaced below
+            pass  # gone or different in the target: sent below
+    expected = await crc32c_of(source, obj.key, obj.size, into=path)
     await target.put_file(obj.key, path)
     try:
-        got = await crc32c_of(target, obj.key, obj.size)
+        if await _holds(target, obj, expected):
+            return True
     except ObjectNotFound:
         raise CopyMismatch(f"{obj.key} is not in {target.url} after it was written") from None
-    if got != expected:
-        raise CopyMismatch(f"{obj.key} in {target.url} has CRC-32C {got:08x} after the copy, "
-                           f"the source's is {expected:08x}")
-    return True
+    raise CopyMismatch(f"{obj.key} in {target.url} does not have the source's CRC-32C "
+                       f"{expected:08x} after the copy")
+
+
+async def _holds(target: ObjectStore, obj: ObjectInfo, expected: int) -> bool:
+    """Whether the target's object has the CRC-32C `expected`. An S3 store is asked for
+    the checksum it keeps: S3 computed it over the bytes it received and refused the put
+    had it differed from the one sent, so a HEAD checks the stored bytes without
+    downloading them. Otherwise (another store, or a multipart object, whose stored
+    checksum covers its parts) the bytes are read back."""
+    stored_crc32c = getattr(target, "stored_crc32c", None)
+    if stored_crc32c is not None:
+        stored = await stored_crc32c(obj.key)
+        if stored is not None:
+            return stored == crc32c_checksum_of(expected)
+    return await crc32c_of(target, obj.key, obj.size) == expected
