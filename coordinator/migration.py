@@ -12,7 +12,8 @@ another source included, is refused, and so is one where a gateway is registered
 keys are then written by `KVClusterStore.converge_keyspace`, which makes the target equal
 to the source key for key (topics last), so a run that stopped half way is finished by
 the next, even if the source changed in between. "complete" is written last and the
-marker stays, recording where the cluster came from; a rerun then changes nothing.
+marker stays, recording where the cluster came from; a rerun then changes nothing. A
+gateway refuses to start while the marker says "writing" (`check_finished`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ class TargetInUse(CoordinatorError):
     """The target cluster holds keys no migration of this source wrote, or has gateways."""
 
 
+class MigrationUnderWay(CoordinatorError):
+    """A gateway started on a cluster whose migration has not finished writing it."""
+
+
 @dataclass(frozen=True)
 class Marker:
     cluster_id: str
@@ -51,6 +56,16 @@ async def read_marker(target: KVClusterStore) -> tuple[Marker, int] | None:
         return Marker(str(d["cluster_id"]), str(d["source"]), str(d["state"])), got[1]
     except (UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
         raise CoordinatorError(f"corrupt migration marker at {key}: {e!r}") from None
+
+
+async def check_finished(store: KVClusterStore) -> None:
+    """MigrationUnderWay while a migration is writing the cluster: a gateway started then
+    would lead partitions whose keys are half written (run by every gateway at start)."""
+    found = await read_marker(store)
+    if found is not None and found[0].state != "complete":
+        raise MigrationUnderWay(f"{store.prefix} is being written by `stratalog migrate` from "
+                                f"{found[0].source}: start gateways once it has finished (run "
+                                "it again if it was interrupted)")
 
 
 def _marker_json(m: Marker) -> bytes:

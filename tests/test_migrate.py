@@ -90,6 +90,8 @@ def test_keyspace_write_resumes_its_own_target_and_refuses_any_other(tmp_path):
         target = open_coordinator(None, tmp_path / "target")
         try:
             assert await migration.claim(target, cid, "here") == migration.NEW
+            with pytest.raises(migration.MigrationUnderWay, match="is being written by"):
+                await migration.check_finished(target)  # what a gateway starting now is told
             # A run that stopped after part of the keys, and left one the source no longer has.
             await target.kv.txn([], [Put(target.prefix + k, v) for k, v in keys[: len(keys) // 2]])
             await target.kv.put(target.prefix + "segments/gone/0/00000000000000000000", b"{}")
@@ -104,6 +106,7 @@ def test_keyspace_write_resumes_its_own_target_and_refuses_any_other(tmp_path):
             assert (await target.topic("t")).configs == {"cleanup.policy": "compact"}
             assert (await target.fetch_offsets("g"))[("t", 0)].offset == 5
             assert await migration.claim(target, cid, "here") == migration.COMPLETE
+            await migration.check_finished(target)  # gateways may start
         finally:
             await target.close()
 
@@ -230,6 +233,15 @@ def test_migrate_an_embedded_installation_to_etcd_and_s3(gateway_factory, etcd, 
     fault_proxy.clear()
     fault_proxy.release()
     assert not set(source_wal) <= set(moto_s3.keys())  # interrupted half way
+
+    # A gateway started on the cluster now refuses: its keys are not all there yet.
+    from conftest import free_port
+
+    early = subprocess.run([sys.executable, "-m", "stratalog", "serve", "--listen", f"127.0.0.1:{free_port()}",
+                            "--data-dir", str(tmp_path / "early"), "--coordinator", etcd.url,
+                            "--object-store", moto_s3.url, "--s3-endpoint", moto_s3.endpoint, "--s3-path-style"],
+                           capture_output=True, text=True, timeout=120)
+    assert early.returncode != 0 and "is being written by `stratalog migrate`" in early.stderr, early.stderr
 
     requests = dict(fault_proxy.requests)
     assert main(_migrate_args(data_dir, etcd.url, moto_s3, fault_proxy.endpoint)) == 0
