@@ -65,6 +65,46 @@ def test_copy_sends_each_object_once_checks_it_and_resumes(tmp_path):
     asyncio.run(body())
 
 
+@pytest.mark.unit
+def test_a_journal_spares_reading_checked_objects_again(tmp_path):
+    from stratalog.tiering.objectstore.copy import CrcJournal, copy_objects
+
+    src, dst = _stores(tmp_path)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    path = tmp_path / "journal"
+    objects = {f"topics/t/0/{i:020d}.log": os.urandom(500 + i) for i in range(4)}
+
+    async def copy(**options):
+        journal = CrcJournal(path, src.url)
+        try:
+            return await copy_objects(src, dst, scratch, journal=journal, **options)
+        finally:
+            journal.close()
+
+    async def body():
+        for k, v in objects.items():
+            await src.put(k, v)
+        assert (await copy()).copied == 4
+        reads = src.stats["get"]
+        assert (await copy()).skipped == 4 and src.stats["get"] == reads  # the source is not read
+        # A crash mid-line: that object alone is read again, and the journal goes on.
+        with open(path, "a") as f:
+            f.write("0000")
+        damaged = next(iter(objects))
+        await dst.put(damaged, bytes(len(objects[damaged])))  # the target is still checked
+        assert ((await copy()).copied, src.stats["get"] > reads) == (1, True)
+        assert await dst.get(damaged) == objects[damaged]
+        reads = src.stats["get"]
+        assert (await copy()).skipped == 4 and src.stats["get"] == reads
+        # A journal of another source is started over.
+        journal = CrcJournal(path, "file:///elsewhere")
+        journal.close()
+        assert path.read_text() == "STRATALOG-CRC32C-JOURNAL 1 file:///elsewhere\n"
+
+    asyncio.run(body())
+
+
 # ---- the keyspace --------------------------------------------------------------------------
 
 @pytest.mark.unit

@@ -11,7 +11,8 @@ Steps, each safe to run again after an interruption:
    cluster with coordinator.migration's marker key, each naming the source's cluster id.
    A target holding anything else is refused; one claimed for this source is resumed.
 3. Every object is copied under the same key (tiering.objectstore.copy: skipped when
-   already there with the same CRC-32C, read back and compared otherwise). The coordinator
+   already there with the same CRC-32C, checked after the put otherwise; the source's
+   checksums are remembered in JOURNAL_FILE across runs). The coordinator
    names objects by keys relative to the store (tiering.layout), never by a store's URL,
    so the copied keyspace refers to the copies as it referred to the originals.
 4. The keyspace is written (coordinator.migration), the marker set complete last.
@@ -38,6 +39,9 @@ from pathlib import Path
 from stratalog.infra.cli.common import CliError, UsageError, add_s3_options, key_value, positive_int, s3_store_options
 
 MARKER_OBJECT = "migration.json"
+# In the data directory: the CRC-32C of every object checked, so a later run (the final
+# one after --objects-only) reads from local disk only what it has not checked before.
+JOURNAL_FILE = "migrate-crc32c.journal"
 DEFAULT_DATA_DIR = "stratalog-data"
 
 
@@ -214,12 +218,16 @@ async def _claim_objects(target_objects, cluster_id: str, described: str, write:
 
 
 async def _copy(source_objects, target_objects, args, prune: bool) -> None:
-    from stratalog.tiering.objectstore.copy import copy_objects
+    from stratalog.tiering.objectstore.copy import CrcJournal, copy_objects
 
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="stratalog-migrate-") as scratch:
-        report = await copy_objects(source_objects, target_objects, Path(scratch), parallel=args.parallel,
-                                    exclude=frozenset({MARKER_OBJECT}), prune=prune)
+    journal = CrcJournal(args.data_dir / JOURNAL_FILE, source_objects.url)
+    try:
+        with tempfile.TemporaryDirectory(prefix="stratalog-migrate-") as scratch:
+            report = await copy_objects(source_objects, target_objects, Path(scratch), parallel=args.parallel,
+                                        exclude=frozenset({MARKER_OBJECT}), prune=prune, journal=journal)
+    finally:
+        journal.close()
     extra = f", {report.removed} left from an earlier pass removed" if report.removed else ""
     print(f"objects: {report.copied} copied ({report.bytes_copied} bytes), {report.skipped} already there "
           f"with the same CRC-32C{extra}, in {time.monotonic() - started:.1f} s")

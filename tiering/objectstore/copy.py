@@ -7,6 +7,11 @@ sent again (a half-sent object never exists: puts are whole). Each object goes t
 scratch file in READ_CHUNK reads, so memory stays bounded whatever the object's size.
 After the put, the target's CRC-32C of the object is compared with the source's: the
 one S3 keeps (`_holds`), else that of the bytes read back.
+
+A `CrcJournal` remembers the source CRC-32C of every object checked, so a later pass
+compares the target's checksum with it instead of reading the source again: objects
+never change under their key (tiering.layout gives every upload a fresh one), so a
+CRC-32C computed once stays the object's. The target is still checked every time.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from stratalog.tiering.objectstore.base import (ObjectInfo, ObjectNotFound, Obje
                                                 crc32c_checksum_of)
 
 READ_CHUNK = 8 * 1024 * 1024
+JOURNAL_MAGIC = "STRATALOG-CRC32C-JOURNAL 1"
 
 
 class CopyMismatch(ObjectStoreError):
@@ -33,6 +39,51 @@ class CopyReport:
     vanished: int = 0  # listed in the source but gone before they were read
     removed: int = 0  # target objects the source no longer has, deleted (`prune`)
     bytes_copied: int = 0
+
+
+class CrcJournal:
+    """The CRC-32C of objects of one source store already checked, by key and size, in a
+    text file: a header line naming the store, then `<crc32c hex> <size> <key>` lines
+    appended as objects are checked. A journal of another store is started over; a line
+    cut short by a crash is ignored (that object is read again)."""
+
+    def __init__(self, path: Path, source_url: str):
+        self.path = path
+        self._known: dict[tuple[str, int], int] = {}
+        header = f"{JOURNAL_MAGIC} {source_url}"
+        try:
+            lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+        except FileNotFoundError:
+            lines = []
+        if not lines or lines[0] != header:
+            lines = []
+        for line in lines[1:-1]:  # the last piece is "" or a torn line
+            crc, _, rest = line.partition(" ")
+            size, _, key = rest.partition(" ")
+            try:
+                self._known[(key, int(size))] = int(crc, 16)
+            except ValueError:
+                continue
+        if lines:
+            self._out = open(path, "a", encoding="utf-8")
+            if lines[-1]:
+                self._out.write("\n")  # end the torn line so the next one stands alone
+        else:
+            self._out = open(path, "w", encoding="utf-8")
+            self._out.write(header + "\n")
+            self._out.flush()
+
+    def get(self, key: str, size: int) -> int | None:
+        return self._known.get((key, size))
+
+    def add(self, key: str, size: int, crc: int) -> None:
+        if self._known.get((key, size)) != crc:
+            self._known[(key, size)] = crc
+            self._out.write(f"{crc:08x} {size} {key}\n")
+            self._out.flush()
+
+    def close(self) -> None:
+        self._out.close()
 
 
 async def crc32c_of(store: ObjectStore, key: str, size: int, into: Path | None = None) -> int:
@@ -58,11 +109,13 @@ async def crc32c_of(store: ObjectStore, key: str, size: int, into: Path | None =
 
 
 async def copy_objects(source: ObjectStore, target: ObjectStore, scratch: Path, *,
-                       parallel: int = 4, exclude: frozenset[str] = frozenset(), prune: bool = False) -> CopyReport:
+                       parallel: int = 4, exclude: frozenset[str] = frozenset(), prune: bool = False,
+                       journal: CrcJournal | None = None) -> CopyReport:
     """Copy every object of `source` (but `exclude`) into `target` under the same key,
     skipping those already there with a matching CRC-32C. With `prune`, target objects the
     source does not hold (but `exclude`) are deleted afterwards: only for a target that
-    holds nothing but earlier passes of this copy. `scratch` is an empty directory."""
+    holds nothing but earlier passes of this copy. `scratch` is an empty directory;
+    `journal` spares reading again the source objects an earlier pass checked."""
     if parallel < 1:
         raise ValueError(f"parallel must be at least 1, got {parallel}")
     wanted = [o for o in await source.list("") if o.key not in exclude]
@@ -74,7 +127,7 @@ async def copy_objects(source: ObjectStore, target: ObjectStore, scratch: Path, 
         path = scratch / f"object-{n}"
         for obj in queue:
             try:
-                sent = await _copy_one(source, target, obj, present.get(obj.key), path)
+                sent = await _copy_one(source, target, obj, present.get(obj.key), path, journal)
             except ObjectNotFound:
                 report.vanished += 1  # collected by the source's gateway meanwhile
                 continue
@@ -97,23 +150,29 @@ async def copy_objects(source: ObjectStore, target: ObjectStore, scratch: Path, 
 
 
 async def _copy_one(source: ObjectStore, target: ObjectStore, obj: ObjectInfo,
-                    present_size: int | None, path: Path) -> bool:
+                    present_size: int | None, path: Path, journal: CrcJournal | None) -> bool:
     """Copy one object unless the target holds it already; whether it was sent."""
     if present_size == obj.size:
+        known = journal.get(obj.key, obj.size) if journal is not None else None
         try:
-            if await _holds(target, obj, await crc32c_of(source, obj.key, obj.size)):
+            expected = known if known is not None else await crc32c_of(source, obj.key, obj.size)
+            if await _holds(target, obj, expected):
+                if journal is not None:
+                    journal.add(obj.key, obj.size, expected)
                 return False
         except (ObjectNotFound, CopyMismatch):
             pass  # gone or different in the target: sent below
     expected = await crc32c_of(source, obj.key, obj.size, into=path)
     await target.put_file(obj.key, path)
     try:
-        if await _holds(target, obj, expected):
-            return True
+        if not await _holds(target, obj, expected):
+            raise CopyMismatch(f"{obj.key} in {target.url} does not have the source's CRC-32C "
+                               f"{expected:08x} after the copy")
     except ObjectNotFound:
         raise CopyMismatch(f"{obj.key} is not in {target.url} after it was written") from None
-    raise CopyMismatch(f"{obj.key} in {target.url} does not have the source's CRC-32C "
-                       f"{expected:08x} after the copy")
+    if journal is not None:
+        journal.add(obj.key, obj.size, expected)
+    return True
 
 
 async def _holds(target: ObjectStore, obj: ObjectInfo, expected: int) -> bool:
