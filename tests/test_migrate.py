@@ -161,6 +161,52 @@ def test_keyspace_write_resumes_its_own_target_and_refuses_any_other(tmp_path):
     asyncio.run(body())
 
 
+@pytest.mark.unit
+def test_refusals_of_a_bad_argument_or_a_bucket_holding_anything_else(tmp_path, capsys):
+    from stratalog.coordinator import open_coordinator
+
+    data_dir = tmp_path / "data"
+
+    async def install():
+        store = open_coordinator(None, data_dir)
+        try:
+            await store.cluster_id()
+        finally:
+            await store.close()
+    asyncio.run(install())
+    (data_dir / "objects/topics").mkdir(parents=True)
+    (data_dir / "objects/topics/a.log").write_bytes(b"a")
+    target = tmp_path / "target"
+
+    def migrate(*extra: str) -> int:
+        return main(["migrate", "--objects-only", "--data-dir", str(data_dir), "--object-store",
+                     target.as_uri(), *extra])
+
+    for extra, code, message in [
+            (["--parallel", "0"], 2, "must be at least 1"),
+            (["--parallel", "65"], 2, "--parallel is at most 64"),
+            (["--coordinator", "embedded"], 2, "--coordinator must name an etcd cluster"),
+            (["--from-object-store", target.as_uri()], 2, "is the installation's own store")]:
+        assert migrate(*extra) == code
+        assert message in capsys.readouterr().err
+    assert main(["migrate", "--objects-only", "--data-dir", str(tmp_path / "none"), "--object-store",
+                 target.as_uri()]) == 1
+    assert "no embedded installation in" in capsys.readouterr().err
+
+    (target / "topics").mkdir(parents=True)
+    (target / "topics/b.log").write_bytes(b"b")  # someone else's
+    assert migrate() == 1
+    assert "holds 1 objects that no migration of this installation copied" in capsys.readouterr().err
+    (target / "topics/b.log").unlink()
+    (target / "migration.json").write_text(json.dumps({"cluster_id": "another", "source": "/elsewhere"}))
+    assert migrate() == 1
+    assert "migrated from another installation (/elsewhere)" in capsys.readouterr().err
+    (target / "migration.json").unlink()
+    assert migrate() == 0
+    assert (target / "topics/a.log").read_bytes() == b"a"
+    assert "1 copied" in capsys.readouterr().out
+
+
 # ---- end to end ----------------------------------------------------------------------------
 
 ck = pytest.importorskip("confluent_kafka", reason="confluent-kafka is not installed")

@@ -42,6 +42,7 @@ MARKER_OBJECT = "migration.json"
 # In the data directory: the CRC-32C of every object checked, so a later run (the final
 # one after --objects-only) reads from local disk only what it has not checked before.
 JOURNAL_FILE = "migrate-crc32c.journal"
+MAX_PARALLEL = 64  # objects in flight: each holds a connection and a scratch file
 DEFAULT_DATA_DIR = "stratalog-data"
 
 
@@ -68,7 +69,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--objects-only", action="store_true",
                    help="copy the objects only, beside a running gateway (a first pass)")
     p.add_argument("--parallel", type=positive_int, default=4, metavar="N",
-                   help="objects copied at once (default 4)")
+                   help=f"objects copied at once (default 4, at most {MAX_PARALLEL})")
     p.add_argument("--config", type=Path, metavar="FILE",
                    help="the gateways' TOML settings file, for etcd.ssl.* and etcd.username/etcd.password.file")
     p.add_argument("--set", dest="settings", action="append", default=[], type=key_value, metavar="KEY=VALUE",
@@ -78,10 +79,12 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from stratalog.coordinator.embedded import DB_FILE
-    from stratalog.coordinator.kv import CoordinatorError
+    from stratalog.coordinator.kv import CoordinatorError, CoordinatorUnavailable
     from stratalog.gateway import datadir
     from stratalog.tiering.objectstore import ObjectStoreError
 
+    if args.parallel > MAX_PARALLEL:
+        raise UsageError(f"--parallel is at most {MAX_PARALLEL}, got {args.parallel}")
     if not args.objects_only and not args.coordinator:
         raise UsageError("--coordinator etcd://HOST:PORT is required (or --objects-only for a first copy)")
     if args.coordinator and not args.coordinator.startswith("etcd://"):
@@ -98,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
                          "to move to")
     try:
         return asyncio.run(_migrate(args, source_url))
+    except CoordinatorUnavailable as e:
+        raise CliError(f"migrate: {e} (run it again to continue)") from None
     except CoordinatorError as e:
         raise CliError(f"migrate: {e}") from None
     except ObjectStoreError as e:
