@@ -140,9 +140,11 @@ async def _migrate(args: argparse.Namespace, source_url: str) -> int:
     except DataDirInUse:
         raise CliError(f"a gateway is running on {args.data_dir}: stop it before migrating (copy the "
                        "objects beside it first with --objects-only)") from None
+    except ValueError as e:  # a bad --cluster name
+        raise UsageError(str(e)) from None
     try:
         await source.check_keyspace(mark=False)  # refuses a newer keyspace
-        revision, keys = await source.read_keyspace()
+        _, keys = await source.read_keyspace()
         cluster_id = next((json.loads(v) for k, v in keys if k == "cluster_id"), None)
         if not keys or not isinstance(cluster_id, str):
             raise CliError(f"{args.data_dir} holds no cluster {args.cluster!r} to migrate")
