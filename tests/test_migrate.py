@@ -211,7 +211,13 @@ def test_refusals_of_a_bad_argument_or_a_bucket_holding_anything_else(tmp_path, 
 
 ck = pytest.importorskip("confluent_kafka", reason="confluent-kafka is not installed")
 from confluent_kafka import Consumer  # noqa: E402
-from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+from confluent_kafka.admin import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType,  # noqa: E402
+                                   AdminClient, NewTopic, ResourcePatternType, ResourceType,
+                                   ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion)
+
+# ACLs on, with everything allowed that no ACL names: so the test's clients need none.
+ACLS_ON = {"authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+           "allow.everyone.if.no.acl.found": "true"}
 
 
 def _idempotent_batch(seq: int, pid: int, epoch: int) -> bytes:
@@ -258,8 +264,14 @@ def test_migrate_an_embedded_installation_to_etcd_and_s3(gateway_factory, etcd, 
     from s3_fault_proxy import FaultRule
 
     data_dir = tmp_path / "data"
-    gw = gateway_factory(data_dir=data_dir, settings={"log.segment.bytes": 1400})
+    gw = gateway_factory(data_dir=data_dir, settings={"log.segment.bytes": 1400, **ACLS_ON})
     admin = AdminClient({"bootstrap.servers": gw.bootstrap, "logger": QUIET})
+    secret_acl = AclBinding(ResourceType.TOPIC, "secret", ResourcePatternType.LITERAL, "User:alice", "*",
+                            AclOperation.READ, AclPermissionType.ALLOW)
+    for f in admin.create_acls([secret_acl], request_timeout=15).values():
+        f.result(30)
+    alice = UserScramCredentialUpsertion("alice", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096), b"alice-pw")
+    admin.alter_user_scram_credentials([alice])["alice"].result(30)
     for new in (NewTopic("orders", 2, 1), NewTopic("idem", 1, 1),
                 NewTopic("latest", 1, 1, config={"cleanup.policy": "compact", "segment.bytes": "1400"})):
         admin.create_topics([new])[new.topic].result(30)
@@ -345,8 +357,20 @@ def test_migrate_an_embedded_installation_to_etcd_and_s3(gateway_factory, etcd, 
     assert main(_migrate_args(data_dir, etcd.url, moto_s3)) == 0
     assert "nothing to do" in capsys.readouterr().out
 
+    # etcd holds the installation's keys, every one, and only those (but the marker).
+    _, source_keys = _store_call(None, data_dir, lambda s: s.read_keyspace())
+    _, target_keys = coordinator_call(etcd.url, lambda s: s.read_keyspace())
+    assert sorted(k for k in target_keys if k[0] not in ("migration", "index_deletions")) == \
+        sorted(k for k in source_keys if k[0] != "index_deletions")
+
     # The cluster serves it: every record as acknowledged, offsets and producer state carried.
-    (cgw,) = start_cluster(gateway_factory, etcd, tmp_path, 1, s3=moto_s3)
+    (cgw,) = start_cluster(gateway_factory, etcd, tmp_path, 1, s3=moto_s3, **ACLS_ON)
+    cadmin = AdminClient({"bootstrap.servers": cgw.bootstrap, "logger": QUIET})
+    every_acl = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None, AclOperation.ANY,
+                                 AclPermissionType.ANY)
+    assert cadmin.describe_acls(every_acl).result(30) == [secret_acl]
+    users = cadmin.describe_user_scram_credentials(["alice"])["alice"].result(30)
+    assert [(c.mechanism, c.iterations) for c in users.scram_credential_infos] == [(ScramMechanism.SCRAM_SHA_256, 4096)]
     after = {"orders": _read_all(cgw.bootstrap, "orders", [0, 1], {0: 10, 1: 10}),
              "latest": _read_all(cgw.bootstrap, "latest", [0], {0: 9}),
              "idem": _read_all(cgw.bootstrap, "idem", [0], {0: 3})}
