@@ -258,7 +258,7 @@ def _migrate_args(data_dir: Path, etcd_url: str, s3, endpoint: str | None = None
 
 
 def test_migrate_an_embedded_installation_to_etcd_and_s3(gateway_factory, etcd, fault_proxy, moto_s3,  # noqa: F811
-                                                         tmp_path, capsys):
+                                                         tmp_path, capsys, monkeypatch):
     from test_coordinator_backup import _commit, _partition_view, _produce, _read_all, _records, _store_call
 
     from s3_fault_proxy import FaultRule
@@ -332,6 +332,33 @@ def test_migrate_an_embedded_installation_to_etcd_and_s3(gateway_factory, etcd, 
     fault_proxy.release()
     assert not set(source_wal) <= set(moto_s3.keys())  # interrupted half way
 
+    # The next run copies the difference; then etcd stops answering as the topics are written.
+    from stratalog.coordinator.etcd import EtcdKV
+    from stratalog.coordinator.kv import CoordinatorUnavailable, Put
+
+    real_txn = EtcdKV.txn
+
+    async def txn_failing_at_topics(self, compares, success, failure=()):
+        if any(isinstance(op, Put) and "/topics/" in op.key for op in success):
+            raise CoordinatorUnavailable("etcd stopped answering (injected)")
+        return await real_txn(self, compares, success, failure)
+    monkeypatch.setattr(EtcdKV, "txn", txn_failing_at_topics)
+    requests = dict(fault_proxy.requests)
+    assert main(_migrate_args(data_dir, etcd.url, moto_s3, fault_proxy.endpoint)) == 1
+    monkeypatch.setattr(EtcdKV, "txn", real_txn)
+    out, err = capsys.readouterr()
+    assert "etcd stopped answering (injected) (run it again to continue)" in err, err
+    copied, skipped = (int(out.split("objects: ", 1)[1].split(" copied")[0]),
+                       int(out.split(" bytes), ", 1)[1].split(" already there")[0]))
+    assert 0 < copied <= len(source_wal) + 1 and skipped > 10, out  # only the difference
+    # Objects already there were checked by the CRC-32C S3 keeps (HEAD), not downloaded:
+    # the stop a migration needs does not grow with what the first pass copied.
+    sent = {op: n - requests.get(op, 0) for op, n in fault_proxy.requests.items()}
+    assert sent.get("GET", 0) <= 2 and sent["HEAD"] >= copied + skipped, sent  # GETs: the marker
+    _, partial = coordinator_call(etcd.url, lambda s: s.read_keyspace())
+    assert any(k.startswith("segments/") for k, _ in partial)
+    assert not any(k.startswith("topics/") for k, _ in partial)
+
     # A gateway started on the cluster now refuses: its keys are not all there yet.
     from conftest import free_port
 
@@ -341,17 +368,10 @@ def test_migrate_an_embedded_installation_to_etcd_and_s3(gateway_factory, etcd, 
                            capture_output=True, text=True, timeout=120)
     assert early.returncode != 0 and "is being written by `stratalog migrate`" in early.stderr, early.stderr
 
-    requests = dict(fault_proxy.requests)
-    assert main(_migrate_args(data_dir, etcd.url, moto_s3, fault_proxy.endpoint)) == 0
+    # Run again: nothing left to copy, the keys finished.
+    assert main(_migrate_args(data_dir, etcd.url, moto_s3)) == 0
     out = capsys.readouterr().out
-    assert "(resumed)" in out and "migrated" in out, out
-    copied, skipped = (int(out.split("objects: ", 1)[1].split(" copied")[0]),
-                       int(out.split(" bytes), ", 1)[1].split(" already there")[0]))
-    assert 0 < copied <= len(source_wal) + 1 and skipped > 10, out  # only the difference
-    # Objects already there were checked by the CRC-32C S3 keeps (HEAD), not downloaded:
-    # the stop a migration needs does not grow with what the first pass copied.
-    sent = {op: n - requests.get(op, 0) for op, n in fault_proxy.requests.items()}
-    assert sent.get("GET", 0) <= 2 and sent["HEAD"] >= copied + skipped, sent  # GETs: the marker
+    assert "(resumed)" in out and "objects: 0 copied" in out and "migrated" in out, out
     objects = {str(p.relative_to(data_dir / "objects")) for p in (data_dir / "objects").rglob("*") if p.is_file()}
     assert set(moto_s3.keys()) == objects | {"migration.json"}
     assert main(_migrate_args(data_dir, etcd.url, moto_s3)) == 0
