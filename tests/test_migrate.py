@@ -382,6 +382,8 @@ def test_migrate_an_embedded_installation_to_etcd_and_s3(gateway_factory, etcd, 
     _, target_keys = coordinator_call(etcd.url, lambda s: s.read_keyspace())
     assert sorted(k for k in target_keys if k[0] not in ("migration", "index_deletions")) == \
         sorted(k for k in source_keys if k[0] != "index_deletions")
+    # No value names the old store: objects are named by keys relative to a store.
+    assert not any(b"file:" in v or str(data_dir).encode() in v for k, v in target_keys if k != "migration")
 
     # The cluster serves it: every record as acknowledged, offsets and producer state carried.
     (cgw,) = start_cluster(gateway_factory, etcd, tmp_path, 1, s3=moto_s3, **ACLS_ON)
