@@ -210,7 +210,7 @@ def test_refusals_of_a_bad_argument_or_a_bucket_holding_anything_else(tmp_path, 
 # ---- end to end ----------------------------------------------------------------------------
 
 ck = pytest.importorskip("confluent_kafka", reason="confluent-kafka is not installed")
-from confluent_kafka import Consumer  # noqa: E402
+from confluent_kafka import Consumer, TopicPartition  # noqa: E402
 from confluent_kafka.admin import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType,  # noqa: E402
                                    AdminClient, NewTopic, ResourcePatternType, ResourceType,
                                    ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion)
@@ -272,13 +272,16 @@ def test_migrate_an_embedded_installation_to_etcd_and_s3(gateway_factory, etcd, 
         f.result(30)
     alice = UserScramCredentialUpsertion("alice", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096), b"alice-pw")
     admin.alter_user_scram_credentials([alice])["alice"].result(30)
-    for new in (NewTopic("orders", 2, 1), NewTopic("idem", 1, 1),
+    for new in (NewTopic("orders", 2, 1), NewTopic("idem", 1, 1), NewTopic("trimmed", 1, 1),
                 NewTopic("latest", 1, 1, config={"cleanup.policy": "compact", "segment.bytes": "1400"})):
         admin.create_topics([new])[new.topic].result(30)
     orders = _records(20, 2)  # 10 a partition: sealed segments, then records only in the WAL
     _produce(gw.bootstrap, "orders", orders)
     latest = [(0, f"key{i % 3}".encode(), f"value{i}-".encode() + b"y" * 300, []) for i in range(9)]
     _produce(gw.bootstrap, "latest", latest)
+    _produce(gw.bootstrap, "trimmed", _records(5, 1, size=10))
+    trim = admin.delete_records([TopicPartition("trimmed", 0, 2)])  # log start offset 2
+    next(iter(trim.values())).result(30)
     producer = _IdempotentProducer(gw.bootstrap)
     acked = [producer.send("idem", _idempotent_batch(seq, producer.pid, producer.epoch)) for seq in range(3)]
     assert acked == [(0, 0), (0, 1), (0, 2)]
@@ -393,6 +396,11 @@ def test_migrate_an_embedded_installation_to_etcd_and_s3(gateway_factory, etcd, 
     assert cadmin.describe_acls(every_acl).result(30) == [secret_acl]
     users = cadmin.describe_user_scram_credentials(["alice"])["alice"].result(30)
     assert [(c.mechanism, c.iterations) for c in users.scram_credential_infos] == [(ScramMechanism.SCRAM_SHA_256, 4096)]
+    watermarks = Consumer({"bootstrap.servers": cgw.bootstrap, "group.id": "w", "logger": QUIET})
+    try:
+        assert watermarks.get_watermark_offsets(TopicPartition("trimmed", 0), timeout=30) == (2, 5)
+    finally:
+        watermarks.close()
     after = {"orders": _read_all(cgw.bootstrap, "orders", [0, 1], {0: 10, 1: 10}),
              "latest": _read_all(cgw.bootstrap, "latest", [0], {0: 9}),
              "idem": _read_all(cgw.bootstrap, "idem", [0], {0: 3})}
