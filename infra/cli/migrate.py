@@ -236,6 +236,8 @@ async def _copy(source_objects, target_objects, args, prune: bool) -> None:
     finally:
         journal.close()
     extra = f", {report.removed} left from an earlier pass removed" if report.removed else ""
+    if report.vanished:  # only beside a running gateway (--objects-only): it collects objects
+        extra += f", {report.vanished} deleted by the gateway before they were read"
     print(f"objects: {report.copied} copied ({report.bytes_copied} bytes), {report.skipped} already there "
           f"with the same CRC-32C{extra}, in {time.monotonic() - started:.1f} s")
 
