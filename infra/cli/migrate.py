@@ -12,19 +12,19 @@ Steps, each safe to run again after an interruption:
    A target holding anything else is refused; one claimed for this source is resumed.
 3. Every object is copied under the same key (tiering.objectstore.copy: skipped when
    already there with the same CRC-32C, checked after the put otherwise; the source's
-   checksums are remembered in JOURNAL_FILE across runs). The coordinator
-   names objects by keys relative to the store (tiering.layout), never by a store's URL,
-   so the copied keyspace refers to the copies as it referred to the originals.
-4. The keyspace is written (coordinator.migration), the marker set complete last.
+   checksums are remembered in JOURNAL_FILE across runs). The coordinator names objects
+   by keys relative to the store (tiering.layout), never by a store's URL, so the copied
+   keyspace refers to the copies as it referred to the originals.
+4. The keyspace is written (coordinator.migration), the marker set complete last; until
+   then a gateway started on the cluster refuses to start.
 
 Leader epochs, the producer-id allocator and transactional ids are kept as they are.
 A restore moves them forward because gateways may have run on past the backup; here the
 source is held for the whole step 4 and never shares a store with the target, so no
 writer exists that could hold a newer epoch or id. Keeping them keeps what clients
 cached meaningful: committed offsets' leader epochs, an idempotent producer's id and
-sequence, a transactional id's epoch. The controller of the new cluster bumps each
-partition's epoch once as it gives it a leader (the embedded gateway's broker id is not
-registered there), as after any leader change.
+sequence, a transactional id's epoch. The cluster's controller then gives each partition
+a leader among its gateways as after any leader change.
 """
 
 from __future__ import annotations
