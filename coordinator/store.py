@@ -21,6 +21,9 @@ Keys live under `/stratalog/<cluster>/` as model.py lists them, values are compa
     groups/<group>/consumer           -> a consumer-protocol group's state (KIP-848: epochs,
                                          members, assignments), JSON the gateway owns
                                          (gateway.groups.consumer_group); bytes here
+    migration                         -> where `stratalog migrate` brought the cluster
+                                         from, and whether it finished
+                                         (coordinator.migration); gateways never read it
 
 `keyspace_version` versions every key and value here, the idempotent producer snapshot in
 segment entries (gateway.producers) included: a change to any of them bumps
@@ -1280,6 +1283,30 @@ class KVClusterStore:
         await self._batched(topics)
         self._index = _Index()
         self._all_states = None
+
+    async def converge_keyspace(self, keys: Sequence[tuple[str, bytes]],
+                                keep: Sequence[str] = ()) -> tuple[int, int]:
+        """Make the cluster's non-leased keys exactly `keys` (relative to the prefix), but
+        those named in `keep`: put what differs, delete what `keys` lacks. Calling it again
+        finishes a call that stopped half way (coordinator.migration). Topic keys are
+        deleted first and put last, as in write_keyspace. Returns (keys put, keys deleted)."""
+        for rel, _ in keys:
+            if _leased(rel):
+                raise ValueError(f"{rel} is a leased key; it cannot be written")
+        _, current = await self.read_keyspace()
+        have, want = dict(current), dict(keys)
+        # The deletion mark is rewritten by the deletes themselves.
+        kept = {*keep, "index_deletions"}
+        gone = sorted((rel for rel in have if rel not in want and rel not in kept),
+                      key=lambda rel: not rel.startswith("topics/"))
+        changed = [(rel, v) for rel, v in sorted(want.items()) if have.get(rel) != v]
+        if gone:
+            await self._batched([Delete(self._k(rel)) for rel in gone], [self._deletion_mark()])
+        await self._batched([Put(self._k(rel), v) for rel, v in changed if not rel.startswith("topics/")])
+        await self._batched([Put(self._k(rel), v) for rel, v in changed if rel.startswith("topics/")])
+        self._index = _Index()
+        self._all_states = None
+        return len(changed), len(gone)
 
     # --- producer ids --------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stratalog.coordinator import UnsupportedFormat, open_coordinator
+from stratalog.coordinator import UnsupportedFormat, migration, open_coordinator
 from stratalog.tiering.objectstore import open_store
 
 from . import datadir
@@ -102,9 +102,11 @@ class Gateway:
             raise StartupError(f"coordinator: {e}") from None
         try:
             # Before anything reads or writes the keyspace (a broker id is allocated below):
-            # refuse a newer one, mark an old one.
+            # refuse one `stratalog migrate` is still writing, refuse a newer one, mark an old one.
+            store = self._store
+            await start_step("check for a migration under way", lambda: migration.check_finished(store))
             await start_step("check the coordinator's format", self._store.check_keyspace)
-        except UnsupportedFormat as e:
+        except (UnsupportedFormat, migration.MigrationUnderWay) as e:
             raise StartupError(str(e)) from None
         store_options = dict(self.options.store_options)
         if self.object_store_url.startswith("s3://"):

@@ -9,6 +9,8 @@ version of that layout.
       logs/<topic>-<p>/      active segments of led partitions: a cache, rebuilt from the
                              object store when a partition is taken
       cache/                 the remote read cache: emptied at start
+      migrate-crc32c.journal `stratalog migrate`'s record of the objects it checked
+                             (tiering.objectstore.copy.CrcJournal); the gateway ignores it
 
 0.1.0 wrote no FORMAT_VERSION file: a directory without one is version 1. `check` runs
 before anything in the directory is opened and refuses a version outside

@@ -358,6 +358,18 @@ class S3ObjectStore:
         )
         return int(resp["ContentLength"])
 
+    async def stored_crc32c(self, key: str) -> str | None:
+        """The whole object's CRC-32C as S3 keeps it (base64), from a HEAD: None when it
+        keeps none, or only a checksum of a multipart upload's parts (`...-N`), which
+        says nothing of the bytes alone; ObjectNotFound if absent."""
+        full = self.prefix + check_key(key)
+        resp = await self._call(
+            "head", f"checksum {key}",
+            lambda c: c.head_object(Bucket=self.bucket, Key=full, ChecksumMode="ENABLED"), missing_key=key
+        )
+        value = resp.get("ChecksumCRC32C")
+        return value if value and "-" not in value else None
+
     async def list(self, prefix: str) -> list[ObjectInfo]:
         """Every object whose key starts with prefix, sorted by key."""
         if prefix.startswith("/"):
