@@ -1,0 +1,326 @@
+"""Rebuilding a lost coordinator from the object store alone (`stratalog recover --from-bucket`).
+
+For when the coordinator (etcd's data, or the embedded database) is gone and there is no
+backup of it. The cluster is rebuilt in a scratch embedded coordinator, then written into
+the empty target once, as `engine.restore` does, and finished the same way (objects
+checked, leader epochs and the producer-id allocator moved forward, transactional
+producers fenced). What comes back, and as of when:
+
+1. The newest readable coordinator snapshot in the bucket (`coordinator/<time>.backup`,
+   written by the controller every `coordinator.snapshot.interval.ms`; engine.snapshots),
+   or nothing. Topics, topic configs, group offsets, ACLs, users, quotas, producer ids and
+   transactions are as of that snapshot.
+2. Sealed data: every partition's newest readable manifest replaces its segment entries
+   when it reaches further than the snapshot's (so segments sealed since come back), and
+   names its topic, so a topic created after the snapshot comes back too once it has a
+   sealed segment (with as many partitions as have manifests, replication factor 1 and no
+   config overrides: manifests carry neither). A manifest ending inside an open
+   transaction brings its partition back offline (the transaction's producer state is not
+   in manifests), as restore does.
+3. WAL ranges past the sealed end, from WAL objects whose commit is provable from the
+   bucket. THE RULE: a WAL object is committed if the snapshot lists it, or if any WAL
+   object of the same gateway confirms its sequence (tiering.wal: the confirmation range,
+   written by engine.wal_writer only for objects the coordinator accepted). Nothing else
+   is: a fenced upload is never confirmed (its commit was refused), and an upload whose
+   commit was in flight, or the newest object of a gateway that flushed nothing after it,
+   cannot be told apart from one, so neither comes back. A partition's ranges are taken in
+   offset order from its sealed end while they follow one another; at the first offset no
+   proven range holds, the partition ends (what lies past it is reported as not
+   restored); two proven ranges holding the same offset (only after an unclean truncation)
+   bring the partition back offline, for `stratalog partitions recover` to decide.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import uuid
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from stratalog.coordinator import open_coordinator
+from stratalog.coordinator.backup import Backup, CorruptBackup, decode
+from stratalog.coordinator.kv import UnsupportedFormat, unsupported_version
+from stratalog.coordinator.model import PartitionState, SegmentEntry, TopicInfo, WalObject, WalRange
+from stratalog.coordinator.store import KEYSPACE_VERSION, OLDEST_READABLE_KEYSPACE, KVClusterStore
+from stratalog.engine.restore import RestoreReport, settle
+from stratalog.tiering import layout
+from stratalog.tiering.errors import CorruptObject
+from stratalog.tiering.errors import UnsupportedFormat as UnsupportedObjectFormat
+from stratalog.tiering.manifest import Manifest, read_manifest
+from stratalog.tiering.objectstore.base import ObjectNotFound, ObjectStore
+from stratalog.tiering.wal import CONFIRMATION_TOPIC_ID, SequenceSet, decode_confirmations, read_wal
+
+log = logging.getLogger(__name__)
+
+TP = tuple[uuid.UUID, int]
+
+
+@dataclass(frozen=True)
+class PartitionRecovery:
+    """One partition's log after the rebuild: sealed offsets end before `sealed_end`, WAL
+    ranges take it to `log_end`; `lost` says what the bucket held past it and why it did
+    not come back ("" if nothing)."""
+
+    topic: str
+    partition: int
+    sealed_end: int
+    log_end: int
+    lost: str = ""
+
+
+@dataclass
+class BucketReport:
+    snapshot: str | None = None  # the snapshot's key, None: rebuilt from nothing
+    snapshot_time_ms: int = 0
+    skipped_snapshots: list[str] = field(default_factory=list)  # unreadable ones, with why
+    topics_from_manifests: list[str] = field(default_factory=list)
+    partitions: list[PartitionRecovery] = field(default_factory=list)
+    wal_objects: int = 0
+    proven: int = 0
+    unreadable: list[str] = field(default_factory=list)  # objects that could not be read, why
+    orphans: int = 0  # proven ranges of topics the rebuild does not know (no name for them)
+    restore: RestoreReport = field(default_factory=RestoreReport)
+
+
+async def recover_from_bucket(target: KVClusterStore, objects: ObjectStore,
+                              scratch_dir: Path) -> BucketReport:
+    """Rebuild the empty cluster of `target` from `objects` (module docstring); `scratch_dir`
+    (empty, removed by the caller) holds the scratch coordinator."""
+    await target.check_empty()  # before any work, and again when writing
+    report = BucketReport()
+    snapshot = await _newest_snapshot(objects, report)
+    scratch = open_coordinator(None, scratch_dir, target.cluster)
+    try:
+        snapshot_wal: dict[tuple[int, int], WalObject] = {}
+        if snapshot is not None:
+            await scratch.write_keyspace(snapshot.keys)
+            snapshot_wal = {(o.gateway_id, o.sequence): o for o in await scratch.wal_objects()}
+            # Every WAL entry is rewritten below from what the bucket proves.
+            await scratch.delete_wal_objects(list(snapshot_wal))
+        await _apply_manifests(scratch, objects, report)
+        await _apply_wal(scratch, objects, snapshot_wal, report)
+        keys = await settle(scratch, objects, report.restore)
+    finally:
+        await scratch.close()
+    await target.write_keyspace(keys)
+    return report
+
+
+async def _newest_snapshot(objects: ObjectStore, report: BucketReport) -> Backup | None:
+    found = []
+    for info in await objects.list(layout.SNAPSHOTS_ROOT):
+        try:
+            found.append((layout.parse_snapshot_key(info.key), info.key))
+        except ValueError:
+            continue
+    for _, key in sorted(found, reverse=True):
+        try:
+            backup = decode(await objects.get(key), key)
+        except (CorruptBackup, ObjectNotFound) as e:
+            report.skipped_snapshots.append(f"{key}: {e}")
+            continue  # an older one may do
+        if not OLDEST_READABLE_KEYSPACE <= backup.keyspace_version <= KEYSPACE_VERSION:
+            raise UnsupportedFormat(unsupported_version(
+                f"the keyspace of snapshot {key}", backup.keyspace_version,
+                OLDEST_READABLE_KEYSPACE, KEYSPACE_VERSION))
+        report.snapshot, report.snapshot_time_ms = key, backup.time_ms
+        return backup
+    return None
+
+
+# --- sealed data ---------------------------------------------------------------------------
+
+async def _apply_manifests(store: KVClusterStore, objects: ObjectStore, report: BucketReport) -> None:
+    """Topics and partitions the manifests name, and each partition's newest segments."""
+    by_partition: dict[tuple[str, uuid.UUID, int], list[str]] = {}
+    for info in await objects.list(layout.MANIFESTS_ROOT):
+        try:
+            mk = layout.parse_manifest_key(info.key)
+        except ValueError:
+            continue
+        by_partition.setdefault((mk.topic, mk.topic_id, mk.partition), []).append(info.key)
+    by_topic: dict[tuple[str, uuid.UUID], dict[int, list[str]]] = {}
+    for (topic, tid, p), keys in by_partition.items():
+        by_topic.setdefault((topic, tid), {})[p] = sorted(keys)
+    for (name, tid), partitions in sorted(by_topic.items()):
+        known = await _topic_for(store, name, tid, max(partitions) + 1, report)
+        if known is None:
+            continue
+        for p, keys in sorted(partitions.items()):
+            manifest = await _newest_manifest(objects, keys, tid, p)
+            if manifest is not None:
+                await _apply_manifest(store, known, manifest)
+
+
+async def _topic_for(store: KVClusterStore, name: str, tid: uuid.UUID, partitions: int,
+                     report: BucketReport) -> TopicInfo | None:
+    """The topic with this id, created or grown to `partitions` as its manifests need."""
+    topics = await store.topics()
+    info = next((t for t in topics.values() if t.topic_id == tid), None)
+    empty = PartitionState(-1, 0, (), ())
+    if info is None:
+        if name in topics:  # the name now belongs to another id: the snapshot's wins
+            log.warning("manifests of %s (id %s) skipped: the snapshot has %s with id %s", name,
+                        tid, name, topics[name].topic_id)
+            return None
+        report.topics_from_manifests.append(name)
+        return await store.create_topic(name, partitions, 1, {}, dict.fromkeys(range(partitions), empty),
+                                        topic_id=tid)
+    if partitions > info.partitions:
+        return await store.add_partitions(name, partitions,
+                                          dict.fromkeys(range(info.partitions, partitions), empty))
+    return info
+
+
+async def _newest_manifest(objects: ObjectStore, keys: list[str], tid: uuid.UUID, p: int) -> Manifest | None:
+    for key in reversed(keys):
+        try:
+            manifest = read_manifest(await objects.get(key), key)
+        except (ObjectNotFound, CorruptObject, UnsupportedObjectFormat) as e:
+            log.warning("manifest %s unreadable, trying an older one: %s", key, e)
+            continue
+        if manifest.topic_id == tid and manifest.partition == p:
+            return manifest
+    return None
+
+
+async def _apply_manifest(store: KVClusterStore, info: TopicInfo, manifest: Manifest) -> None:
+    p = manifest.partition
+    segments = await store.segments(info.topic_id, p)
+    sealed_last = max((s.last_offset for s in segments), default=-1)
+    records = manifest.segments
+    if not records or records[-1].last_offset <= sealed_last:
+        return  # the snapshot already has as much
+    known = {s.key_base: s for s in segments}
+    entries = [SegmentEntry(r.base_offset, r.last_offset, r.key_base, r.size, r.min_timestamp,
+                            r.max_timestamp, r.leader_epoch,
+                            known[r.key_base].producers if r.key_base in known else {}, r.aborted_txns)
+               for r in records]
+    await store.replace_segments(info.topic_id, p, [s.base_offset for s in segments], entries)
+    if manifest.log_start_offset > (await store.log_state(info.topic_id, p)).log_start_offset:
+        await store.set_log_start_offset(info.topic_id, p, manifest.log_start_offset)
+    if records[-1].open_txn_offset >= 0:
+        await _set_offline(store, info.topic_id, p,
+                           f"rebuilt from the bucket: its newest manifest ends inside a transaction "
+                           f"open at offset {records[-1].open_txn_offset}, whose producer state only "
+                           f"the lost coordinator held")
+
+
+async def _set_offline(store: KVClusterStore, tid: uuid.UUID, p: int, reason: str) -> None:
+    state = (await store.partition_states(tid)).get(p, PartitionState(-1, 0, (), ()))
+    await store.set_partition_state(tid, p, replace(state, leader=-1, isr=(), offline=reason))
+
+
+# --- WAL ranges ----------------------------------------------------------------------------
+
+@dataclass
+class _Found:
+    """The WAL objects in the bucket: their ranges, and what they confirm."""
+
+    ranges: dict[tuple[int, int], tuple[str, list[WalRange]]] = field(default_factory=dict)
+    confirmed: dict[int, SequenceSet] = field(default_factory=dict)
+
+
+async def _read_wal_objects(objects: ObjectStore, report: BucketReport) -> _Found:
+    """Read every WAL object once, whole (CRCs checked), one at a time."""
+    found = _Found()
+    for info in await objects.list(layout.WAL_ROOT):
+        try:
+            gw, seq = layout.parse_wal_key(info.key)
+        except ValueError:
+            continue
+        try:
+            data = await objects.get(info.key)
+            parts = read_wal(data, info.key)
+        except ObjectNotFound:
+            continue  # collected meanwhile
+        except (CorruptObject, UnsupportedObjectFormat) as e:
+            report.unreadable.append(f"{info.key}: {e}")
+            continue
+        report.wal_objects += 1
+        version = struct.unpack_from(">H", data, 4)[0]
+        ranges = []
+        for r, body in parts:
+            if r.topic_id == CONFIRMATION_TOPIC_ID:
+                try:
+                    found.confirmed.setdefault(gw, SequenceSet()).update(decode_confirmations(body, info.key))
+                except (CorruptObject, UnsupportedObjectFormat) as e:
+                    report.unreadable.append(f"{info.key} (its confirmations): {e}")
+                continue
+            ranges.append(WalRange(r.topic_id, r.partition, r.base_offset, r.last_offset, r.position,
+                                   r.length, r.max_timestamp, version))
+        found.ranges[(gw, seq)] = (info.key, ranges)
+    return found
+
+
+async def _apply_wal(store: KVClusterStore, objects: ObjectStore,
+                     snapshot_wal: dict[tuple[int, int], WalObject], report: BucketReport) -> None:
+    found = await _read_wal_objects(objects, report)
+    proven: dict[TP, list[tuple[tuple[int, int], str, WalRange]]] = {}
+    unproven: dict[TP, list[tuple[str, WalRange]]] = {}
+    for ws, (key, ranges) in sorted(found.ranges.items()):
+        listed = snapshot_wal.get(ws)
+        if listed is not None or ws[1] in found.confirmed.get(ws[0], SequenceSet()):
+            report.proven += 1
+            # The snapshot's entry is the coordinator's word (a truncation shortens it).
+            for r in (listed.ranges if listed is not None else ranges):
+                proven.setdefault((r.topic_id, r.partition), []).append((ws, key, r))
+        else:
+            for r in ranges:
+                unproven.setdefault((r.topic_id, r.partition), []).append((key, r))
+    topics = {t.topic_id: t for t in (await store.topics()).values()}
+    report.orphans = sum(len(rs) for (tid, p), rs in proven.items()
+                         if tid not in topics or p >= topics[tid].partitions)
+    chosen: dict[tuple[int, int], tuple[str, list[WalRange]]] = {}
+    for info in sorted(topics.values(), key=lambda t: t.name):
+        for p in range(info.partitions):
+            tp = (info.topic_id, p)
+            outcome, taken, conflict = await _partition_wal(store, info, p, proven.get(tp, []),
+                                                            unproven.get(tp, []))
+            report.partitions.append(outcome)
+            for ws, key, r in taken:
+                chosen.setdefault(ws, (key, []))[1].append(r)
+            if conflict:
+                await _set_offline(store, info.topic_id, p, f"rebuilt from the bucket: {outcome.lost}")
+    for (gw, seq), (key, ranges) in sorted(chosen.items()):
+        epochs = {}
+        for r in ranges:
+            tp = (r.topic_id, r.partition)
+            if tp not in epochs:
+                epochs[tp] = (await store.partition_states(r.topic_id))[r.partition].leader_epoch
+        await store.commit_wal(WalObject(gw, seq, key, tuple(ranges), ranges[0].format_version), epochs)
+
+
+async def _partition_wal(store: KVClusterStore, info: TopicInfo, p: int,
+                         proven: list[tuple[tuple[int, int], str, WalRange]],
+                         unproven: list[tuple[str, WalRange]]
+                         ) -> tuple[PartitionRecovery, list[tuple[tuple[int, int], str, WalRange]], bool]:
+    """The proven ranges that continue the partition from its sealed end (THE RULE in the
+    module docstring), what became of the partition, and whether two proven ranges
+    conflict (then none is taken and the partition goes offline)."""
+    segments = await store.segments(info.topic_id, p)
+    start = (await store.log_state(info.topic_id, p)).log_start_offset
+    sealed_end = max([s.last_offset + 1 for s in segments] + [start])
+    nxt = sealed_end
+    taken: list[tuple[tuple[int, int], str, WalRange]] = []
+    lost, conflict = "", False
+    for ws, key, r in sorted(proven, key=lambda c: (c[2].base_offset, c[0])):
+        if r.last_offset < nxt and not taken:
+            continue  # sealed already
+        if r.base_offset > nxt:
+            lost = f"offsets {nxt}..{r.base_offset - 1} are in no WAL object whose commit is provable"
+            break
+        if taken and r.base_offset < nxt:
+            lost = (f"two committed WAL ranges hold offset {r.base_offset} ({taken[-1][1]} and {key}): "
+                    "truncated since, which one the log kept is not provable")
+            taken, nxt, conflict = [], sealed_end, True
+            break
+        taken.append((ws, key, r))
+        nxt = r.last_offset + 1
+    beyond = [(key, r) for key, r in unproven if r.last_offset >= nxt]
+    if beyond and not lost:
+        last = max(r.last_offset for _, r in beyond)
+        lost = (f"offsets up to {last} in {len({k for k, _ in beyond})} WAL object(s) whose commit is "
+                f"not provable (each gateway's newest flush, or fenced uploads): not restored")
+    return PartitionRecovery(info.name, p, sealed_end, nxt, lost), taken, conflict

@@ -1,0 +1,364 @@
+"""`stratalog recover --from-bucket`: the coordinator is lost with no backup, and the cluster
+is rebuilt from the object store alone. What comes back is the documented recovery point:
+sealed data whole, WAL ranges whose commit the bucket proves (every flush but each
+gateway's newest; never a fenced upload), and everything else (topics, configs, group
+offsets) as of the newest coordinator snapshot in the bucket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from cluster_fixtures import etcd, moto_s3  # noqa: F401  (fixtures)
+
+from stratalog.coordinator import open_coordinator
+from stratalog.coordinator.model import CommittedOffset, PartitionState, SegmentEntry
+from stratalog.engine.bucket_recovery import recover_from_bucket
+from stratalog.engine.restore import EPOCH_MARGIN, OFFLINE
+from stratalog.engine.snapshots import SnapshotWriter
+from stratalog.engine.wal_writer import WalCommitFailed, WalWriter
+from stratalog.tiering import layout
+from stratalog.tiering.errors import CorruptObject, UnsupportedFormat
+from stratalog.tiering.manifest import SegmentRecord, write_manifest
+from stratalog.tiering.objectstore import open_store
+from stratalog.tiering.wal import (CONFIRMATION_TOPIC_ID, SequenceSet, WalBuilder, add_confirmations,
+                                   decode_confirmations, encode_confirmations, read_wal)
+
+
+# ---- the formats ---------------------------------------------------------------------------
+
+@pytest.mark.unit
+def test_sequence_set_keeps_committed_sequences_as_few_intervals():
+    s = SequenceSet()
+    for seq in (1, 2, 3, 5, 6, 9, 4):
+        s.add(seq)
+    assert s.intervals == [(1, 6), (9, 9)]
+    assert 4 in s and 7 not in s and 9 in s
+    s.prune_below(3)
+    assert s.intervals == [(3, 6), (9, 9)]
+    s.update(SequenceSet([(7, 8)]))
+    assert s.intervals == [(3, 9)]
+
+
+@pytest.mark.unit
+def test_wal_object_carries_its_confirmations_beside_ordinary_ranges():
+    tid = uuid.uuid4()
+    builder = WalBuilder()
+    builder.add(tid, 0, 10, 12, 1000, b"batch-bytes")
+    confirmed = SequenceSet([(1, 4), (6, 7)])
+    add_confirmations(builder, confirmed)
+    data, infos = builder.build()
+    ranges = read_wal(data, "wal/1/x.wal")
+    assert [(i.topic_id, i.partition, i.base_offset, i.last_offset) for i, _ in ranges] == \
+        [(tid, 0, 10, 12), (CONFIRMATION_TOPIC_ID, 0, 1, 7)]
+    assert bytes(ranges[0][1]) == b"batch-bytes"  # the partition's range is untouched
+    assert decode_confirmations(ranges[1][1]).intervals == [(1, 4), (6, 7)]
+    empty = WalBuilder()
+    add_confirmations(empty, SequenceSet())
+    assert empty.empty  # nothing to confirm: no range
+
+
+@pytest.mark.unit
+def test_confirmations_refuse_damage_and_a_newer_version():
+    data = bytearray(encode_confirmations(SequenceSet([(1, 2)])))
+    with pytest.raises(CorruptObject):
+        decode_confirmations(bytes(data[:-1]))
+    with pytest.raises(CorruptObject):
+        decode_confirmations(b"XXXX" + bytes(data[4:]))
+    data[5] = 2  # version 2
+    with pytest.raises(UnsupportedFormat, match="version 2; this Stratalog reads version 1"):
+        decode_confirmations(bytes(data), "wal/1/x.wal")
+
+
+@pytest.mark.unit
+def test_snapshot_keys_sort_by_time_and_parse_back():
+    assert layout.snapshot_key(1_700_000_000_000) == "coordinator/00000001700000000000.backup"
+    assert layout.parse_snapshot_key(layout.snapshot_key(42)) == 42
+    with pytest.raises(ValueError):
+        layout.parse_snapshot_key("coordinator/x.backup")
+
+
+# ---- in process: the rule, with real WAL writers and an embedded coordinator ---------------
+
+@dataclass
+class _Log:
+    """What WalWriter.add needs of a partition log."""
+
+    topic_id: uuid.UUID
+    partition: int
+    leader_epoch: int
+
+    @property
+    def key(self):
+        return (self.topic_id, self.partition)
+
+
+class _KeepWal:
+    """A file store whose WAL deletes fail silently: a fenced upload stays in the bucket, as
+    when the gateway died before removing it."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    async def delete(self, keys):
+        await self.inner.delete([k for k in keys if not k.startswith(layout.WAL_ROOT)])
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def _writer(gw: int, objects, store) -> WalWriter:
+    return WalWriter(gw, objects, store, flush_ms=0, flush_bytes=1 << 20,
+                     on_committed=lambda logs, ranges: None, on_fenced=lambda keys: None)
+
+
+async def _append(writer: WalWriter, plog: _Log, offset: int) -> None:
+    await writer.add(plog, offset, offset, 1000 + offset, f"record-{offset}".encode())
+
+
+@pytest.mark.unit
+def test_recover_from_bucket_takes_only_provable_commits(tmp_path: Path):
+    """Two gateways write a partition; gateway 1's upload after leadership moved is fenced
+    and stays in the bucket. The rebuild takes every WAL range whose commit a later object
+    of the same gateway confirms, never the fenced one and not each gateway's newest flush;
+    topics and group offsets are those of the snapshot, plus a topic a manifest names."""
+
+    async def body():
+        source = open_coordinator(None, tmp_path / "source")
+        objects = _KeepWal(open_store((tmp_path / "objects").as_uri()))
+        t = await source.create_topic("t", 1, 1, {}, {0: PartitionState(1, 0, (1,), (1,))})
+        u = await source.create_topic("u", 1, 1, {"retention.ms": "5000"}, {0: PartitionState(1, 0, (1,), (1,))})
+        await source.commit_offsets("g", {("t", 0): CommittedOffset(1, -1, "", 0)})
+        now = [1_000]
+        snapshots = SnapshotWriter(source, objects, interval_ms=1000, retain=2, now_ms=lambda: now[0])
+        assert await snapshots.maybe_write(is_controller=False) is None
+        first = await snapshots.maybe_write(is_controller=True)
+        assert first == layout.snapshot_key(1_000)
+        assert await snapshots.maybe_write(is_controller=True) is None  # not due yet
+        await source.commit_offsets("g", {("t", 0): CommittedOffset(3, -1, "", 0)})  # after it: lost
+
+        gw1, gw2 = _writer(1, objects, source), _writer(2, objects, source)
+        await gw1.start()
+        await gw2.start()
+        t1, u1 = _Log(t.topic_id, 0, 0), _Log(u.topic_id, 0, 0)
+        await _append(gw1, t1, 0)  # gw1 seq 1
+        await _append(gw1, t1, 1)  # gw1 seq 2, confirms 1
+        await source.set_partition_state(t.topic_id, 0, PartitionState(2, 1, (2,), (2,)))
+        with pytest.raises(WalCommitFailed):
+            await _append(gw1, t1, 2)  # gw1 seq 3: fenced, left in the bucket
+        assert await objects.inner.list(layout.wal_key(1, 3))
+        t2 = _Log(t.topic_id, 0, 1)
+        for offset in (2, 3, 4):
+            await _append(gw2, t2, offset)  # gw2 seqs 1-3; 3 is gw2's newest: unprovable
+        await _append(gw1, u1, 0)  # gw1 seq 4, confirms 1-2 (not the fenced 3)
+        await _append(gw1, u1, 1)  # gw1 seq 5, gw1's newest
+        for w in (gw1, gw2):
+            await w.stop()
+        acked_hw = (await source.log_state(t.topic_id, 0)).high_watermark
+        assert acked_hw == 5
+
+        # A topic created after the snapshot, with one sealed segment and its manifest.
+        late = uuid.uuid4()
+        base = layout.segment_key_base("late", late, 0, 0, 0, "abc")
+        for ext in layout.SEGMENT_EXTENSIONS:
+            await objects.put(base + ext, b"x")
+        await objects.put(layout.manifest_key("late", late, 0, 1), write_manifest(
+            "late", late, 0, 1, 0, [SegmentRecord(0, 6, base, 1, 0, 0, 0)]))
+        await source.close()  # the coordinator is lost
+
+        target = open_coordinator(None, tmp_path / "target")
+        try:
+            report = await recover_from_bucket(target, objects, tmp_path / "scratch")
+            assert report.snapshot == first and report.topics_from_manifests == ["late"]
+            by = {(r.topic, r.partition): r for r in report.partitions}
+            assert (by[("t", 0)].log_end, by[("u", 0)].log_end, by[("late", 0)].log_end) == (4, 1, 7)
+            assert "up to 4" in by[("t", 0)].lost and "not provable" in by[("t", 0)].lost
+            assert (await target.log_state(t.topic_id, 0)).high_watermark == 4
+            keys = [k for k, _ in await target.wal_ranges(t.topic_id, 0, 0)]
+            assert keys == [layout.wal_key(1, 1), layout.wal_key(1, 2), layout.wal_key(2, 1), layout.wal_key(2, 2)]
+            assert [k for k, _ in await target.wal_ranges(u.topic_id, 0, 0)] == [layout.wal_key(1, 4)]
+            topics = await target.topics()
+            assert topics["u"].configs == {"retention.ms": "5000"}  # from the snapshot
+            assert topics["late"].topic_id == late
+            assert (await target.log_state(late, 0)).high_watermark == 7
+            assert (await target.fetch_offsets("g"))[("t", 0)].offset == 1  # as of the snapshot
+            states = await target.all_partition_states()
+            assert states[t.topic_id][0].leader_epoch == 0 + EPOCH_MARGIN  # the snapshot's, moved on
+            assert not any(o.status == OFFLINE for o in report.restore.partitions)
+        finally:
+            await target.close()
+
+    asyncio.run(body())
+
+
+@pytest.mark.unit
+def test_recover_from_bucket_without_a_snapshot_and_with_conflicting_ranges(tmp_path: Path):
+    """No snapshot: topics come from manifests alone. Two confirmed ranges holding the same
+    offset (a truncation since) bring the partition back offline rather than guess."""
+
+    async def body():
+        objects = open_store((tmp_path / "objects").as_uri())
+        tid = uuid.uuid4()
+        base = layout.segment_key_base("m", tid, 0, 0, 0, "s0")
+        for ext in layout.SEGMENT_EXTENSIONS:
+            await objects.put(base + ext, b"x")
+        await objects.put(layout.manifest_key("m", tid, 0, 1), write_manifest(
+            "m", tid, 0, 1, 0, [SegmentRecord(0, 9, base, 1, 0, 0, 0)]))
+
+        def wal(confirm: list[tuple[int, int]], *offsets: tuple[int, int]) -> bytes:
+            b = WalBuilder()
+            for first, last in offsets:
+                b.add(tid, 0, first, last, 0, b"r" * (last - first + 1))
+            add_confirmations(b, SequenceSet(confirm))
+            return b.build()[0]
+        await objects.put(layout.wal_key(7, 1), wal([], (10, 12)))
+        await objects.put(layout.wal_key(7, 2), wal([(1, 1)], (10, 11)))  # offsets 10-11 again
+        await objects.put(layout.wal_key(7, 3), wal([(1, 2)]))
+
+        target = open_coordinator(None, tmp_path / "target")
+        try:
+            report = await recover_from_bucket(target, objects, tmp_path / "scratch")
+            assert report.snapshot is None and report.topics_from_manifests == ["m"]
+            (outcome,) = report.restore.partitions
+            assert outcome.status == OFFLINE and "two committed WAL ranges hold offset 10" in outcome.detail
+            assert (await target.log_state(tid, 0)).high_watermark == 10  # the sealed part only
+            segments = await target.segments(tid, 0)
+            assert segments == [SegmentEntry(0, 9, base, 1, 0, 0, 0)]
+        finally:
+            await target.close()
+            await objects.close()
+
+    asyncio.run(body())
+
+
+# ---- real gateways and clients --------------------------------------------------------------
+
+def _e2e_imports():
+    pytest.importorskip("confluent_kafka", reason="confluent-kafka is not installed")
+    import test_coordinator_backup as helpers
+    return helpers
+
+
+def _losing_the_coordinator_scenario(bootstrap: str, snapshot_times, *, big_segments: str):
+    """Produce sealed and WAL-only data and commit offsets; wait for a snapshot; then produce
+    more (sealed, WAL-only, a new topic) and commit again. Returns the snapshot's time, the
+    records acknowledged per topic and partition, and the offsets committed before it."""
+    import time
+
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from cluster_fixtures import QUIET, wait_for
+
+    h = _e2e_imports()
+    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": QUIET})
+    for f in admin.create_topics([NewTopic("orders", 2, 1),
+                                  NewTopic("walonly", 1, 1, config={"segment.bytes": big_segments})]).values():
+        f.result(30)
+    orders = h._records(30, 2)
+    walonly = [(0, f"w{i}".encode(), f"wal-{i}".encode(), []) for i in range(10)]
+    h._produce(bootstrap, "orders", orders[:20])
+    h._produce(bootstrap, "walonly", walonly[:5])
+    h._commit(bootstrap, "billing", "orders", {0: 5, 1: 3})
+    committed_at = int(time.time() * 1000)
+    wait_for(lambda: any(t >= committed_at for t in snapshot_times()), timeout=60, what="a coordinator snapshot")
+    snapshot = max(snapshot_times())
+    # Past the snapshot: more sealed and WAL-only records, a new topic, newer offsets.
+    h._produce(bootstrap, "orders", orders[20:])
+    admin.create_topics([NewTopic("late", 1, 1)])["late"].result(30)
+    late = [(0, f"l{i}".encode(), b"late-" + b"x" * 300, []) for i in range(8)]
+    h._produce(bootstrap, "late", late)
+    h._commit(bootstrap, "billing", "orders", {0: 9, 1: 9})
+    h._produce(bootstrap, "walonly", walonly[5:])  # the last flush: w9 alone
+    acked = {"orders": orders, "walonly": walonly, "late": late}
+    return snapshot, acked
+
+
+def _check_recovery_point(bootstrap: str, acked: dict) -> None:
+    """Every acknowledged record is back but walonly's w9, the gateway's newest flush, whose
+    commit nothing in the bucket proves; group offsets are the snapshot's."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from cluster_fixtures import QUIET
+
+    h = _e2e_imports()
+    expected = {"orders": acked["orders"], "walonly": acked["walonly"][:9], "late": acked["late"]}
+    for topic, records in expected.items():
+        partitions = sorted({p for p, *_ in records})
+        ends = {p: sum(1 for r in records if r[0] == p) for p in partitions}
+        got = h._read_all(bootstrap, topic, partitions, ends)
+        for p in partitions:
+            assert [(o, k, v) for o, k, v, _ in got[p]] == \
+                [(i, k, v) for i, (k, v) in enumerate((k, v) for pp, k, v, _ in records if pp == p)], (topic, p)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "x", "logger": QUIET})
+    try:
+        assert consumer.get_watermark_offsets(TopicPartition("walonly", 0), timeout=30) == (0, 9)
+    finally:
+        consumer.close()
+    assert h._committed(bootstrap, "billing", "orders", [0, 1]) == {0: 5, 1: 3}
+    # The rebuilt cluster takes new writes after the recovered ones.
+    h._produce(bootstrap, "walonly", [(0, b"new", b"after", [])])
+    assert h._read_all(bootstrap, "walonly", [0], {0: 10})[0][9][:3] == (9, b"new", b"after")
+
+
+def test_embedded_coordinator_lost_rebuilt_from_the_bucket(gateway_factory, tmp_path, capsys):
+    from stratalog.infra.cli import main
+
+    data_dir = tmp_path / "data"
+    snapshots = data_dir / "objects" / "coordinator"
+    gw = gateway_factory(data_dir=data_dir, settings={"log.segment.bytes": 1400,
+                                                      "coordinator.snapshot.interval.ms": 300,
+                                                      "coordinator.snapshot.retain": 100})
+
+    def times():
+        return [layout.parse_snapshot_key(f"coordinator/{p.name}") for p in snapshots.glob("*.backup")]
+    snapshot, acked = _losing_the_coordinator_scenario(gw.bootstrap, times, big_segments=str(64 << 20))
+    gw.kill9()
+    # The loss happened right after that snapshot: later ones are gone with it.
+    for t in times():
+        if t > snapshot:
+            (snapshots / layout.snapshot_key(t).split("/")[1]).unlink()
+    for f in data_dir.glob("coordinator.sqlite3*"):
+        f.unlink()
+
+    capsys.readouterr()
+    assert main(["recover", "--from-bucket", "--data-dir", str(data_dir)]) == 0
+    out = capsys.readouterr().out
+    assert layout.snapshot_key(snapshot) in out and "topics from manifests: late" in out, out
+    assert "OFFLINE" not in out and "not provable" in out, out
+    # Into a coordinator that now holds keys: refused.
+    assert main(["recover", "--from-bucket", "--data-dir", str(data_dir)]) == 1
+    assert "empty cluster" in capsys.readouterr().err
+    gw.start()
+    _check_recovery_point(gw.bootstrap, acked)
+
+
+def test_etcd_lost_rebuilt_from_s3(gateway_factory, etcd, moto_s3, tmp_path, capsys):  # noqa: F811
+    from cluster_fixtures import coordinator_call, start_cluster
+    from stratalog.infra.cli import main
+
+    gws = start_cluster(gateway_factory, etcd, tmp_path, 1, s3=moto_s3, **{
+        "log.segment.bytes": 1400, "coordinator.snapshot.interval.ms": 300,
+        "coordinator.snapshot.retain": 100})
+
+    def times():
+        return [layout.parse_snapshot_key(k) for k in moto_s3.keys(layout.SNAPSHOTS_ROOT)]
+    snapshot, acked = _losing_the_coordinator_scenario(gws[0].bootstrap, times, big_segments=str(64 << 20))
+    gws[0].kill9()
+    newer = [layout.snapshot_key(t) for t in times() if t > snapshot]
+    if newer:
+        moto_s3.client().delete_objects(Bucket=moto_s3.bucket, Delete={
+            "Objects": [{"Key": f"{moto_s3.prefix}/{k}"} for k in newer]})
+    coordinator_call(etcd.url, lambda s: s.kv.delete_prefix(s.prefix))
+
+    capsys.readouterr()
+    store_args = ["--object-store", moto_s3.url, "--s3-endpoint", moto_s3.endpoint, "--s3-path-style"]
+    assert main(["recover", "--from-bucket", "--coordinator", etcd.url, *store_args]) == 0
+    out = capsys.readouterr().out
+    assert layout.snapshot_key(snapshot) in out and "OFFLINE" not in out, out
+    gws[0].start(timeout=60)
+    _check_recovery_point(gws[0].bootstrap, acked)
