@@ -362,3 +362,18 @@ def test_etcd_lost_rebuilt_from_s3(gateway_factory, etcd, moto_s3, tmp_path, cap
     assert layout.snapshot_key(snapshot) in out and "OFFLINE" not in out, out
     gws[0].start(timeout=60)
     _check_recovery_point(gws[0].bootstrap, acked)
+
+
+@pytest.mark.unit
+def test_garbage_collection_keeps_the_object_that_proves_an_older_needed_one():
+    """Gateway 1's newest object has only sealed ranges but confirms its older, still needed
+    one: it stays until that one goes. Gateway 2's are all obsolete: all go."""
+    from stratalog.coordinator.model import WalObject
+    from stratalog.engine.cleanup import proof_carriers
+
+    def obj(gw: int, seq: int) -> WalObject:
+        return WalObject(gw, seq, layout.wal_key(gw, seq), ())
+    committed = [obj(1, 3), obj(1, 4), obj(1, 5), obj(2, 7), obj(2, 8)]
+    obsolete = [obj(1, 4), obj(1, 5), obj(2, 7), obj(2, 8)]
+    assert proof_carriers(committed, obsolete) == {(1, 5)}
+    assert proof_carriers(committed, obsolete + [obj(1, 3)]) == set()
