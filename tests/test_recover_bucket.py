@@ -426,3 +426,48 @@ def test_garbage_collection_keeps_the_object_that_proves_an_older_needed_one():
     obsolete = [obj(1, 4), obj(1, 5), obj(2, 7), obj(2, 8)]
     assert proof_carriers(committed, obsolete) == {(1, 5)}
     assert proof_carriers(committed, obsolete + [obj(1, 3)]) == set()
+
+
+@pytest.mark.unit
+def test_snapshots_keep_the_newest_and_a_new_controller_continues_the_schedule(tmp_path: Path):
+    async def body():
+        store = open_coordinator(None, tmp_path / "coord")
+        objects = open_store((tmp_path / "objects").as_uri())
+        try:
+            await store.create_topic("t", 1, 1, {}, {0: PartitionState(1, 0, (1,), (1,))})
+            now = [10_000]
+            writer = SnapshotWriter(store, objects, interval_ms=1000, retain=2, now_ms=lambda: now[0])
+            written = []
+            for _ in range(4):
+                written.append(await writer.maybe_write(is_controller=True))
+                now[0] += 1000
+            assert [k for k in written if k] == [layout.snapshot_key(t) for t in (10_000, 11_000, 12_000, 13_000)]
+            assert [o.key for o in await objects.list(layout.SNAPSHOTS_ROOT)] == \
+                [layout.snapshot_key(12_000), layout.snapshot_key(13_000)]
+            # Another gateway becomes controller half an interval after the newest one.
+            now[0] = 13_500
+            successor = SnapshotWriter(store, objects, interval_ms=1000, retain=2, now_ms=lambda: now[0])
+            assert await successor.maybe_write(is_controller=True) is None
+            now[0] = 14_000
+            assert await successor.maybe_write(is_controller=True) == layout.snapshot_key(14_000)
+            from stratalog.coordinator.backup import decode
+            snap = decode(await objects.get(layout.snapshot_key(14_000)))
+            assert any(k == "topics/t" for k, _ in snap.keys) and snap.cluster_id == await store.cluster_id()
+        finally:
+            await store.close()
+            await objects.close()
+
+    asyncio.run(body())
+
+
+@pytest.mark.unit
+def test_recover_cli_from_an_empty_bucket_and_into_a_cluster_that_holds_keys(tmp_path: Path, capsys):
+    from stratalog.infra.cli import main
+
+    data_dir = tmp_path / "data"
+    (data_dir / "objects").mkdir(parents=True)
+    assert main(["recover", "--from-bucket", "--data-dir", str(data_dir)]) == 0
+    assert "no snapshot" in capsys.readouterr().out
+    # It wrote the (empty) cluster's keys: a second run is refused, changing nothing.
+    assert main(["recover", "--from-bucket", "--data-dir", str(data_dir)]) == 1
+    assert "empty cluster" in capsys.readouterr().err
