@@ -313,8 +313,8 @@ def test_embedded_coordinator_lost_rebuilt_from_the_bucket(gateway_factory, tmp_
     data_dir = tmp_path / "data"
     snapshots = data_dir / "objects" / "coordinator"
     gw = gateway_factory(data_dir=data_dir, settings={"log.segment.bytes": 1400,
-                                                      "coordinator.snapshot.interval.ms": 300,
-                                                      "coordinator.snapshot.retain": 100})
+                                                      "coordinator.snapshot.interval.ms": 1000,
+                                                      "coordinator.snapshot.retain": 1000})
 
     def times():
         return [layout.parse_snapshot_key(f"coordinator/{p.name}") for p in snapshots.glob("*.backup")]
@@ -324,6 +324,7 @@ def test_embedded_coordinator_lost_rebuilt_from_the_bucket(gateway_factory, tmp_
     for t in times():
         if t > snapshot:
             (snapshots / layout.snapshot_key(t).split("/")[1]).unlink()
+    assert snapshot in times()  # retention (1000 snapshots) kept it
     for f in data_dir.glob("coordinator.sqlite3*"):
         f.unlink()
 
@@ -380,8 +381,8 @@ def test_etcd_lost_rebuilt_from_s3_with_two_gateways(gateway_factory, etcd, moto
     from stratalog.infra.cli import main
 
     gws = start_cluster(gateway_factory, etcd, tmp_path, 2, s3=moto_s3, **{
-        "log.segment.bytes": 1400, "coordinator.snapshot.interval.ms": 300,
-        "coordinator.snapshot.retain": 100})
+        "log.segment.bytes": 1400, "coordinator.snapshot.interval.ms": 1000,
+        "coordinator.snapshot.retain": 1000})
 
     def times():
         return [layout.parse_snapshot_key(k) for k in moto_s3.keys(layout.SNAPSHOTS_ROOT)]
@@ -394,6 +395,7 @@ def test_etcd_lost_rebuilt_from_s3_with_two_gateways(gateway_factory, etcd, moto
     if newer:
         moto_s3.client().delete_objects(Bucket=moto_s3.bucket, Delete={
             "Objects": [{"Key": f"{moto_s3.prefix}/{k}"} for k in newer]})
+    assert snapshot in times()  # retention (1000 snapshots) kept it
     coordinator_call(etcd.url, lambda s: s.kv.delete_prefix(s.prefix))
 
     client = moto_s3.client()
