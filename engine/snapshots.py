@@ -26,6 +26,8 @@ from stratalog.tiering.objectstore.base import ObjectStore
 
 log = logging.getLogger(__name__)
 
+RETRY_MS = 5000  # after a failed snapshot (store or coordinator down), the next attempt
+
 
 class SnapshotWriter:
     def __init__(self, store: KVClusterStore, objects: ObjectStore, *, interval_ms: int,
@@ -36,6 +38,7 @@ class SnapshotWriter:
         self.retain = max(1, retain)
         self.now_ms = now_ms
         self._last_ms: int | None = None  # newest snapshot's time, once looked up
+        self._retry_at_ms = 0  # no attempt before this after a failure
 
     async def maybe_write(self, is_controller: bool) -> str | None:
         """Write a snapshot if this gateway is the controller and one is due; its key, or
@@ -45,9 +48,13 @@ class SnapshotWriter:
             return None
         if self._last_ms is None:
             self._last_ms = max((t for t, _ in await self._existing()), default=0)
-        if self.now_ms() - self._last_ms < self.interval_ms:
+        if self.now_ms() - self._last_ms < self.interval_ms or self.now_ms() < self._retry_at_ms:
             return None
-        return await self.write()
+        try:
+            return await self.write()
+        except Exception:
+            self._retry_at_ms = self.now_ms() + RETRY_MS  # not every maintenance tick
+            raise
 
     async def write(self) -> str:
         """Write one snapshot now and drop the oldest past `retain`; its key."""

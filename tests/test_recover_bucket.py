@@ -473,3 +473,32 @@ def test_recover_cli_from_an_empty_bucket_and_into_a_cluster_that_holds_keys(tmp
     # It wrote the (empty) cluster's keys: a second run is refused, changing nothing.
     assert main(["recover", "--from-bucket", "--data-dir", str(data_dir)]) == 1
     assert "empty cluster" in capsys.readouterr().err
+
+
+@pytest.mark.unit
+def test_a_failed_snapshot_is_retried_after_a_pause_not_every_tick(tmp_path: Path):
+    import errno
+
+    from stratalog.engine.snapshots import RETRY_MS
+    from stratalog.tiering.objectstore.base import ObjectStoreError
+    from store_faults import FailingWrites
+
+    async def body():
+        store = open_coordinator(None, tmp_path / "coord")
+        fault = [(errno.ENOSPC, layout.SNAPSHOTS_ROOT)]
+        objects = FailingWrites(open_store((tmp_path / "objects").as_uri()), lambda: fault[0])
+        try:
+            now = [50_000]
+            writer = SnapshotWriter(store, objects, interval_ms=1000, retain=2, now_ms=lambda: now[0])
+            with pytest.raises(ObjectStoreError):
+                await writer.maybe_write(is_controller=True)
+            now[0] += RETRY_MS - 1
+            assert await writer.maybe_write(is_controller=True) is None and objects.failed == 1
+            fault[0] = None
+            now[0] += 1
+            assert await writer.maybe_write(is_controller=True) == layout.snapshot_key(now[0])
+        finally:
+            await store.close()
+            await objects.close()
+
+    asyncio.run(body())
