@@ -28,6 +28,10 @@ producers fenced). What comes back, and as of when:
    proven range holds, the partition ends (what lies past it is reported as not
    restored); two proven ranges holding the same offset (only after an unclean truncation)
    bring the partition back offline, for `stratalog partitions recover` to decide.
+4. Transactions: a transaction the rebuilt WAL ranges leave open comes to an end only if
+   the snapshot holds its state (restore's fencing aborts it, or its markers are written
+   as decided); one begun since the snapshot would hold the last stable offset back for
+   ever, so its partition comes back offline too.
 """
 
 from __future__ import annotations
@@ -43,8 +47,10 @@ from stratalog.coordinator.backup import Backup, CorruptBackup, decode
 from stratalog.coordinator.kv import UnsupportedFormat, unsupported_version
 from stratalog.coordinator.model import PartitionState, SegmentEntry, TopicInfo, WalObject, WalRange
 from stratalog.coordinator.store import KEYSPACE_VERSION, OLDEST_READABLE_KEYSPACE, KVClusterStore
+from stratalog.coordinator.transactions import TxnStatus
 from stratalog.engine.restore import RestoreReport, settle
 from stratalog.tiering import layout
+from stratalog.tiering.batch import scan_batches
 from stratalog.tiering.errors import CorruptObject
 from stratalog.tiering.errors import UnsupportedFormat as UnsupportedObjectFormat
 from stratalog.tiering.manifest import Manifest, read_manifest
@@ -220,6 +226,10 @@ class _Found:
 
     ranges: dict[tuple[int, int], tuple[str, list[WalRange]]] = field(default_factory=dict)
     confirmed: dict[int, SequenceSet] = field(default_factory=dict)
+    # Per (object, topic id, partition): (offset, producer id, is a marker) of each
+    # transactional batch, to tell which transactions the rebuilt log leaves open.
+    txn_batches: dict[tuple[tuple[int, int], uuid.UUID, int], list[tuple[int, int, bool]]] = \
+        field(default_factory=dict)
 
 
 async def _read_wal_objects(objects: ObjectStore, report: BucketReport) -> _Found:
@@ -250,6 +260,10 @@ async def _read_wal_objects(objects: ObjectStore, report: BucketReport) -> _Foun
                 continue
             ranges.append(WalRange(r.topic_id, r.partition, r.base_offset, r.last_offset, r.position,
                                    r.length, r.max_timestamp, version))
+            txn = [(h.base_offset, h.producer_id, h.is_control)
+                   for _, h in scan_batches(body)[0] if h.is_transactional]
+            if txn:
+                found.txn_batches[((gw, seq), r.topic_id, r.partition)] = txn
         found.ranges[(gw, seq)] = (info.key, ranges)
     return found
 
@@ -283,6 +297,8 @@ async def _apply_wal(store: KVClusterStore, objects: ObjectStore,
                 chosen.setdefault(ws, (key, []))[1].append(r)
             if conflict:
                 await _set_offline(store, info.topic_id, p, f"rebuilt from the bucket: {outcome.lost}")
+            elif taken:
+                await _check_open_transactions(store, info, p, taken, found)
     for (gw, seq), (key, ranges) in sorted(chosen.items()):
         epochs = {}
         for r in ranges:
@@ -290,6 +306,35 @@ async def _apply_wal(store: KVClusterStore, objects: ObjectStore,
             if tp not in epochs:
                 epochs[tp] = (await store.partition_states(r.topic_id))[r.partition].leader_epoch
         await store.commit_wal(WalObject(gw, seq, key, tuple(ranges), ranges[0].format_version), epochs)
+
+
+async def _check_open_transactions(store: KVClusterStore, info: TopicInfo, p: int,
+                                   taken: list[tuple[tuple[int, int], str, WalRange]], found: _Found) -> None:
+    """A transaction left open by the rebuilt WAL ranges is aborted only if the snapshot
+    holds its state (restore's fencing aborts it); one begun since has its state only in the
+    lost coordinator, would hold the last stable offset back for ever, and so brings the
+    partition back offline for `stratalog partitions recover` to decide."""
+    open_at: dict[int, int] = {}  # producer id -> first offset of its open transaction
+    for ws, _, r in taken:
+        for offset, pid, marker in found.txn_batches.get((ws, r.topic_id, r.partition), []):
+            if not r.base_offset <= offset <= r.last_offset:
+                continue  # cut by a truncation the snapshot's entry records
+            if marker:
+                open_at.pop(pid, None)
+            else:
+                open_at.setdefault(pid, offset)
+    if not open_at:
+        return
+    tp = (info.name, p)
+    known = {s.producer_id for s, _ in await store.transactions()  # markers will close these
+             if (s.status is TxnStatus.ONGOING and tp in s.partitions)
+             or (s.status.preparing and tp in s.pending)}
+    unknown = {pid: offset for pid, offset in open_at.items() if pid not in known}
+    if unknown:
+        pid, offset = min(unknown.items(), key=lambda kv: kv[1])
+        await _set_offline(store, info.topic_id, p,
+                           f"rebuilt from the bucket: a transaction of producer id {pid} is open from "
+                           f"offset {offset}, and its state was only in the lost coordinator")
 
 
 async def _partition_wal(store: KVClusterStore, info: TopicInfo, p: int,

@@ -502,3 +502,48 @@ def test_a_failed_snapshot_is_retried_after_a_pause_not_every_tick(tmp_path: Pat
             await objects.close()
 
     asyncio.run(body())
+
+
+@pytest.mark.unit
+def test_a_transaction_begun_after_the_snapshot_and_left_open_brings_its_partition_back_offline(tmp_path: Path):
+    """Its state was only in the lost coordinator, so nothing could ever end it; a
+    transaction that a marker closes, on the other partition, does not hold anything back."""
+    from stratalog.tiering.batch import build_batch
+    from stratalog.tiering.txn import marker_batch
+
+    async def body():
+        source = open_coordinator(None, tmp_path / "source")
+        objects = open_store((tmp_path / "objects").as_uri())
+        t = await source.create_topic("tx", 2, 1, {}, {p: PartitionState(1, 0, (1,), (1,)) for p in (0, 1)})
+        await SnapshotWriter(source, objects, interval_ms=1, retain=1, now_ms=lambda: 5).write()
+        await source.close()
+
+        def txn_batch(offset: int, pid: int) -> bytes:
+            return build_batch([(b"k", b"v")], base_offset=offset, timestamp_ms=1, producer_id=pid,
+                               producer_epoch=0, base_sequence=0, is_transactional=True)
+
+        def marker(offset: int, pid: int) -> bytes:
+            data = bytearray(marker_batch(pid, 0, commit=True, coordinator_epoch=0, timestamp_ms=1))
+            data[0:8] = offset.to_bytes(8, "big")
+            return bytes(data)
+        b = WalBuilder()
+        b.add(t.topic_id, 0, 0, 0, 1, txn_batch(0, 77))  # never closed
+        b.add(t.topic_id, 1, 0, 0, 1, txn_batch(0, 88))
+        b.add(t.topic_id, 1, 1, 1, 1, marker(1, 88))
+        await objects.put(layout.wal_key(1, 1), b.build()[0])
+        later = WalBuilder()
+        add_confirmations(later, SequenceSet([(1, 1)]))
+        await objects.put(layout.wal_key(1, 2), later.build()[0])
+
+        target = open_coordinator(None, tmp_path / "target")
+        try:
+            report = await recover_from_bucket(target, objects, tmp_path / "scratch")
+            outcome = {o.partition: o for o in report.restore.partitions}
+            assert outcome[0].status == OFFLINE and "producer id 77 is open from offset 0" in outcome[0].detail
+            assert outcome[1].status != OFFLINE
+            assert (await target.log_state(t.topic_id, 1)).high_watermark == 2
+        finally:
+            await target.close()
+            await objects.close()
+
+    asyncio.run(body())
