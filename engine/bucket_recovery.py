@@ -24,10 +24,15 @@ producers fenced). What comes back, and as of when:
    is: a fenced upload is never confirmed (its commit was refused), and an upload whose
    commit was in flight, or the newest object of a gateway that flushed nothing after it,
    cannot be told apart from one, so neither comes back. A partition's ranges are taken in
-   offset order from its sealed end while they follow one another; at the first offset no
-   proven range holds, the partition ends (what lies past it is reported as not
-   restored); two proven ranges holding the same offset (only after an unclean truncation)
-   bring the partition back offline, for `stratalog partitions recover` to decide.
+   offset order from its sealed end while they follow one another. One exception: offsets
+   just before a proven range were committed (its leader wrote only after them), so an
+   unproven range that exactly fills such a gap is taken, and where several uploads hold
+   those offsets, the one of the highest leader epoch (a fenced upload always carries an
+   older epoch than the commit that replaced it; equal epochs are not decided). At the
+   first offset no range so taken holds, the partition ends (what lies past it is reported
+   as not restored); two proven ranges holding the same offset (only after an unclean
+   truncation) bring the partition back offline, for `stratalog partitions recover` to
+   decide.
 4. Transactions: a transaction the rebuilt WAL ranges leave open comes to an end only if
    the snapshot holds its state (restore's fencing aborts it, or its markers are written
    as decided); one begun since the snapshot would hold the last stable offset back for
@@ -40,6 +45,7 @@ import logging
 import struct
 import uuid
 from dataclasses import dataclass, field, replace
+from typing import Callable
 from pathlib import Path
 
 from stratalog.coordinator import open_coordinator
@@ -230,6 +236,8 @@ class _Found:
     # transactional batch, to tell which transactions the rebuilt log leaves open.
     txn_batches: dict[tuple[tuple[int, int], uuid.UUID, int], list[tuple[int, int, bool]]] = \
         field(default_factory=dict)
+    # Per (object, topic id, partition): the highest leader epoch stamped on its batches.
+    epochs: dict[tuple[tuple[int, int], uuid.UUID, int], int] = field(default_factory=dict)
 
 
 async def _read_wal_objects(objects: ObjectStore, report: BucketReport) -> _Found:
@@ -260,8 +268,10 @@ async def _read_wal_objects(objects: ObjectStore, report: BucketReport) -> _Foun
                 continue
             ranges.append(WalRange(r.topic_id, r.partition, r.base_offset, r.last_offset, r.position,
                                    r.length, r.max_timestamp, version))
-            txn = [(h.base_offset, h.producer_id, h.is_control)
-                   for _, h in scan_batches(body)[0] if h.is_transactional]
+            headers = [h for _, h in scan_batches(body)[0]]
+            found.epochs[((gw, seq), r.topic_id, r.partition)] = \
+                max((h.partition_leader_epoch for h in headers), default=-1)
+            txn = [(h.base_offset, h.producer_id, h.is_control) for h in headers if h.is_transactional]
             if txn:
                 found.txn_batches[((gw, seq), r.topic_id, r.partition)] = txn
         found.ranges[(gw, seq)] = (info.key, ranges)
@@ -272,7 +282,7 @@ async def _apply_wal(store: KVClusterStore, objects: ObjectStore,
                      snapshot_wal: dict[tuple[int, int], WalObject], report: BucketReport) -> None:
     found = await _read_wal_objects(objects, report)
     proven: dict[TP, list[tuple[tuple[int, int], str, WalRange]]] = {}
-    unproven: dict[TP, list[tuple[str, WalRange]]] = {}
+    unproven: dict[TP, list[tuple[tuple[int, int], str, WalRange]]] = {}
     for ws, (key, ranges) in sorted(found.ranges.items()):
         listed = snapshot_wal.get(ws)
         if listed is not None or ws[1] in found.confirmed.get(ws[0], SequenceSet()):
@@ -282,7 +292,7 @@ async def _apply_wal(store: KVClusterStore, objects: ObjectStore,
                 proven.setdefault((r.topic_id, r.partition), []).append((ws, key, r))
         else:
             for r in ranges:
-                unproven.setdefault((r.topic_id, r.partition), []).append((key, r))
+                unproven.setdefault((r.topic_id, r.partition), []).append((ws, key, r))
     topics = {t.topic_id: t for t in (await store.topics()).values()}
     report.orphans = sum(len(rs) for (tid, p), rs in proven.items()
                          if tid not in topics or p >= topics[tid].partitions)
@@ -291,7 +301,7 @@ async def _apply_wal(store: KVClusterStore, objects: ObjectStore,
         for p in range(info.partitions):
             tp = (info.topic_id, p)
             outcome, taken, conflict = await _partition_wal(store, info, p, proven.get(tp, []),
-                                                            unproven.get(tp, []))
+                                                            unproven.get(tp, []), found.epochs)
             report.partitions.append(outcome)
             for ws, key, r in taken:
                 chosen.setdefault(ws, (key, []))[1].append(r)
@@ -339,23 +349,31 @@ async def _check_open_transactions(store: KVClusterStore, info: TopicInfo, p: in
 
 async def _partition_wal(store: KVClusterStore, info: TopicInfo, p: int,
                          proven: list[tuple[tuple[int, int], str, WalRange]],
-                         unproven: list[tuple[str, WalRange]]
+                         unproven: list[tuple[tuple[int, int], str, WalRange]],
+                         epochs: dict[tuple[tuple[int, int], uuid.UUID, int], int]
                          ) -> tuple[PartitionRecovery, list[tuple[tuple[int, int], str, WalRange]], bool]:
-    """The proven ranges that continue the partition from its sealed end (THE RULE in the
-    module docstring), what became of the partition, and whether two proven ranges
-    conflict (then none is taken and the partition goes offline)."""
+    """The ranges that continue the partition from its sealed end (THE RULE in the module
+    docstring), what became of the partition, and whether two proven ranges conflict (then
+    none is taken and the partition goes offline)."""
     segments = await store.segments(info.topic_id, p)
     start = (await store.log_state(info.topic_id, p)).log_start_offset
     sealed_end = max([s.last_offset + 1 for s in segments] + [start])
     nxt = sealed_end
     taken: list[tuple[tuple[int, int], str, WalRange]] = []
     lost, conflict = "", False
+
+    def epoch(c: tuple[tuple[int, int], str, WalRange]) -> int:
+        return epochs.get((c[0], c[2].topic_id, c[2].partition), -1)
     for ws, key, r in sorted(proven, key=lambda c: (c[2].base_offset, c[0])):
         if r.last_offset < nxt and not taken:
             continue  # sealed already
         if r.base_offset > nxt:
-            lost = f"offsets {nxt}..{r.base_offset - 1} are in no WAL object whose commit is provable"
-            break
+            filler = _fill_gap(nxt, r.base_offset, epoch((ws, key, r)), unproven, epoch)
+            if filler is None:
+                lost = f"offsets {nxt}..{r.base_offset - 1} are in no WAL object whose commit is provable"
+                break
+            taken += filler
+            nxt = r.base_offset
         if taken and r.base_offset < nxt:
             lost = (f"two committed WAL ranges hold offset {r.base_offset} ({taken[-1][1]} and {key}): "
                     "truncated since, which one the log kept is not provable")
@@ -363,9 +381,34 @@ async def _partition_wal(store: KVClusterStore, info: TopicInfo, p: int,
             break
         taken.append((ws, key, r))
         nxt = r.last_offset + 1
-    beyond = [(key, r) for key, r in unproven if r.last_offset >= nxt]
+    beyond = [(key, r) for _, key, r in unproven if r.last_offset >= nxt]
     if beyond and not lost:
         last = max(r.last_offset for _, r in beyond)
         lost = (f"offsets up to {last} in {len({k for k, _ in beyond})} WAL object(s) whose commit is "
                 f"not provable (each gateway's newest flush, or fenced uploads): not restored")
     return PartitionRecovery(info.name, p, sealed_end, nxt, lost), taken, conflict
+
+
+def _fill_gap(nxt: int, end: int, end_epoch: int,
+              unproven: list[tuple[tuple[int, int], str, WalRange]],
+              epoch: Callable[[tuple[tuple[int, int], str, WalRange]], int]
+              ) -> list[tuple[tuple[int, int], str, WalRange]] | None:
+    """Unproven ranges that exactly cover offsets nxt..end-1 before a proven range (its
+    leader wrote only after every earlier offset was committed, so these offsets were), or
+    None. Where several uploads hold an offset, the one of the highest leader epoch is the
+    committed one: an upload fenced at those offsets carried an older epoch than the
+    leader whose commit replaced it. Equal epochs, or one above the proven range's, are
+    not decided."""
+    out: list[tuple[tuple[int, int], str, WalRange]] = []
+    while nxt < end:
+        options = [c for c in unproven if c[2].base_offset <= nxt <= c[2].last_offset < end
+                   and (c[2].base_offset == nxt or not out) and epoch(c) <= end_epoch]
+        if not options:
+            return None
+        best = max(epoch(c) for c in options)
+        top = [c for c in options if epoch(c) == best]
+        if len(top) != 1 or best < 0:
+            return None
+        out.append(top[0])
+        nxt = top[0][2].last_offset + 1
+    return out

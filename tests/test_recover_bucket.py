@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster_fixtures import etcd, moto_s3  # noqa: F401  (fixtures)
+from cluster_fixtures import etcd, fault_proxy, moto_s3  # noqa: F401  (fixtures)
 
 from stratalog.coordinator import open_coordinator
 from stratalog.coordinator.model import CommittedOffset, PartitionState, SegmentEntry
@@ -542,6 +542,127 @@ def test_a_transaction_begun_after_the_snapshot_and_left_open_brings_its_partiti
             assert outcome[0].status == OFFLINE and "producer id 77 is open from offset 0" in outcome[0].detail
             assert outcome[1].status != OFFLINE
             assert (await target.log_state(t.topic_id, 1)).high_watermark == 2
+        finally:
+            await target.close()
+            await objects.close()
+
+    asyncio.run(body())
+
+
+def test_a_fenced_upload_left_in_s3_does_not_come_back(etcd, moto_s3, fault_proxy, gateway_factory,  # noqa: F811
+                                                        tmp_path, capsys):
+    """Gateway 2's WAL upload is held in the network while it is frozen; its partition
+    moves to gateway 1, which acknowledges the producer's retry; the upload then lands,
+    gateway 2's commit is fenced and its delete is undone (as if it had died first). The
+    rebuild does not take that object: the records are gateway 1's, at their offsets."""
+    import signal
+    import threading
+
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from cluster_fixtures import QUIET, bootstrap_of, coordinator_call, start_cluster, try_leaders, wait_for
+    from s3_fault_proxy import FaultRule
+    from stratalog.infra.cli import main
+
+    gws = start_cluster(gateway_factory, etcd, tmp_path, 2, s3=moto_s3, s3_endpoints={2: fault_proxy.endpoint},
+                        **{"coordinator.snapshot.interval.ms": 1000})
+    bootstrap = bootstrap_of(gws)
+    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": QUIET})
+    admin.create_topics([NewTopic("fence", 1, replica_assignment=[[2, 1]])])["fence"].result(30)
+    wait_for(lambda: try_leaders(bootstrap, "fence").get(0) == 2, what="gateway 2 to lead fence-0")
+    acked: list[tuple[int, bytes]] = []
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+                         "linger.ms": 0, "request.timeout.ms": 3000, "logger": QUIET})
+
+    def send(value: bytes) -> None:
+        producer.produce("fence", value, partition=0,
+                         on_delivery=lambda err, msg: acked.append((msg.offset(), msg.value())) if not err else None)
+        assert producer.flush(90) == 0
+    for i in range(3):
+        send(f"before-{i}".encode())
+
+    fault_proxy.set_rules(FaultRule(("PUT",), "hold", key_contains="wal/"))
+    held_send = threading.Thread(target=send, args=(b"held",))
+    held_send.start()
+    wait_for(lambda: fault_proxy.held() >= 1, what="gateway 2's WAL upload to be held")
+    held_key = next(r.key for r, action in fault_proxy.log if action == "hold")[len(moto_s3.prefix) + 1:]
+    gws[1].proc.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: try_leaders(gws[0].bootstrap, "fence").get(0) == 1, timeout=60,
+                 what="fence-0 to move to gateway 1")
+        held_send.join(90)
+        assert not held_send.is_alive() and (3, b"held") in acked, acked
+        fault_proxy.clear()
+        fault_proxy.release()
+        wait_for(lambda: held_key in moto_s3.keys("wal/"), what="the held upload to land")
+        s3 = moto_s3.client()
+        fenced = s3.get_object(Bucket=moto_s3.bucket, Key=f"{moto_s3.prefix}/{held_key}")["Body"].read()
+    finally:
+        gws[1].proc.send_signal(signal.SIGCONT)
+    wait_for(lambda: held_key not in moto_s3.keys("wal/"), timeout=30, what="gateway 2 to remove its fenced upload")
+    s3.put_object(Bucket=moto_s3.bucket, Key=f"{moto_s3.prefix}/{held_key}", Body=fenced)
+    # Later records, so the fenced object is no gateway's newest.
+    wait_for(lambda: try_leaders(bootstrap, "fence").get(0) == 2, timeout=60, what="gateway 2 to lead again")
+    for i in range(3):
+        send(f"after-{i}".encode())
+    for gw in gws:
+        gw.kill9()
+    coordinator_call(etcd.url, lambda s: s.kv.delete_prefix(s.prefix))
+
+    capsys.readouterr()
+    store_args = ["--object-store", moto_s3.url, "--s3-endpoint", moto_s3.endpoint, "--s3-path-style"]
+    assert main(["recover", "--from-bucket", "--coordinator", etcd.url, *store_args]) == 0
+    out = capsys.readouterr().out
+    assert "OFFLINE" not in out, out
+
+    async def restored(store):
+        info = await store.topic("fence")
+        return [k for k, _ in await store.wal_ranges(info.topic_id, 0, 0)], \
+            (await store.log_state(info.topic_id, 0)).high_watermark
+    keys, end = coordinator_call(etcd.url, restored)
+    assert held_key not in keys and end >= 4  # offset 3 ("held") is gateway 1's
+    gws[0].start(timeout=60)
+    h = _e2e_imports()
+    got = h._read_all(gws[0].bootstrap, "fence", [0], {0: end})[0]
+    assert [(o, v) for o, _, v, _ in got] == sorted(acked)[:end]
+
+
+@pytest.mark.unit
+def test_a_gap_before_a_proven_range_is_filled_by_the_upload_of_the_highest_epoch(tmp_path: Path):
+    """Offset 2 is in gateway 1's newest flush (epoch 1, committed) and in gateway 2's
+    fenced upload (epoch 0); gateway 2's proven range at 3 (epoch 2) shows offset 2 was
+    committed: gateway 1's is taken, never the fenced one. Without a later proven range,
+    a gateway's newest flush stays out."""
+    from stratalog.tiering.batch import build_batch
+
+    async def body():
+        objects = open_store((tmp_path / "objects").as_uri())
+        tid = uuid.uuid4()
+        base = layout.segment_key_base("g", tid, 0, 0, 0, "s0")
+        for ext in layout.SEGMENT_EXTENSIONS:
+            await objects.put(base + ext, b"x")
+        await objects.put(layout.manifest_key("g", tid, 0, 1), write_manifest(
+            "g", tid, 0, 1, 0, [SegmentRecord(0, 1, base, 1, 0, 0, 0)]))
+
+        async def put(gw: int, seq: int, confirm, *batches: tuple[int, int]) -> None:
+            b = WalBuilder()
+            for offset, epoch in batches:
+                b.add(tid, 0, offset, offset, 1, build_batch([(b"k", f"{gw}-{offset}".encode())], base_offset=offset,
+                                                             timestamp_ms=1, partition_leader_epoch=epoch))
+            add_confirmations(b, SequenceSet(confirm))
+            await objects.put(layout.wal_key(gw, seq), b.build()[0])
+        await put(2, 1, [], (2, 0))  # fenced: never confirmed
+        await put(1, 1, [], (2, 1))  # committed, gateway 1's newest
+        await put(2, 2, [], (3, 2))  # committed ...
+        await put(2, 3, [(2, 2)], (4, 2))  # ... and proven by this one, gateway 2's newest
+
+        target = open_coordinator(None, tmp_path / "target")
+        try:
+            report = await recover_from_bucket(target, objects, tmp_path / "scratch")
+            (outcome,) = report.partitions
+            assert (outcome.sealed_end, outcome.log_end) == (2, 4), outcome
+            assert [k for k, _ in await target.wal_ranges(tid, 0, 0)] == [layout.wal_key(1, 1), layout.wal_key(2, 2)]
         finally:
             await target.close()
             await objects.close()
