@@ -342,9 +342,10 @@ def test_embedded_coordinator_lost_rebuilt_from_the_bucket(gateway_factory, tmp_
 
 def _provable_ends(get, keys, snapshot: bytes, topic_ids: dict[str, uuid.UUID]) -> dict[tuple[str, int], int]:
     """Where THE RULE says each partition's rebuilt log ends, worked out from the bucket
-    independently of the rebuild: at the first offset past its newest manifest that lies in
-    a gateway's newest WAL object, unless the snapshot lists that object (partitions not
-    named: every acknowledged record)."""
+    independently of the rebuild (no upload is fenced here): at the first offset past its
+    newest manifest that lies in a gateway's newest WAL object, unless the snapshot lists
+    that object or a later proven range of the partition follows it (partitions not named:
+    every acknowledged record)."""
     from stratalog.coordinator.backup import decode
     from stratalog.tiering.manifest import read_manifest
 
@@ -356,21 +357,26 @@ def _provable_ends(get, keys, snapshot: bytes, topic_ids: dict[str, uuid.UUID]) 
             sealed[(m.topic_id, m.partition)] = max(sealed.get((m.topic_id, m.partition), 0),
                                                     m.segments[-1].last_offset + 1)
     newest: dict[int, int] = {}
+    found = []
     for key in keys(layout.WAL_ROOT):
         gw, seq = layout.parse_wal_key(key)
         newest[gw] = max(newest.get(gw, -1), seq)
+        found += [((gw, seq), info) for info, _ in read_wal(get(key)) if info.topic_id != CONFIRMATION_TOPIC_ID]
+
+    def proven(ws) -> bool:
+        return ws[1] < newest[ws[0]] or f"wal/{ws[0]}/{ws[1]:020d}" in listed
     ends: dict[tuple[str, int], int] = {}
     name_of = {tid: name for name, tid in topic_ids.items()}
-    for gw, seq in newest.items():
-        if f"wal/{gw}/{seq:020d}" in listed:
+    for ws, info in found:
+        tp = (info.topic_id, info.partition)
+        if proven(ws) or info.last_offset < sealed.get(tp, 0):
             continue
-        for info, _ in read_wal(get(layout.wal_key(gw, seq))):
-            tp = (info.topic_id, info.partition)
-            if info.topic_id == CONFIRMATION_TOPIC_ID or info.last_offset < sealed.get(tp, 0):
-                continue
-            end = max(info.base_offset, sealed.get(tp, 0))
-            key = (name_of[info.topic_id], info.partition)
-            ends[key] = min(ends.get(key, end), end)
+        if any(proven(w) and (i.topic_id, i.partition) == tp and i.base_offset > info.last_offset
+               for w, i in found):
+            continue  # a later proven range of the partition shows it was committed
+        end = max(info.base_offset, sealed.get(tp, 0))
+        key = (name_of[info.topic_id], info.partition)
+        ends[key] = min(ends.get(key, end), end)
     return ends
 
 
