@@ -18,7 +18,7 @@ producers fenced). What comes back, and as of when:
    transaction brings its partition back offline (the transaction's producer state is not
    in manifests), as restore does.
 3. WAL ranges past the sealed end, from WAL objects whose commit is provable from the
-   bucket. THE RULE: a WAL object is committed if the snapshot lists it, or if any WAL
+   bucket (engine.wal_evidence reads the objects and applies the rule). THE RULE: a WAL object is committed if the snapshot lists it, or if any WAL
    object of the same gateway confirms its sequence (tiering.wal: the confirmation range,
    written by engine.wal_writer only for objects the coordinator accepted). Nothing else
    is: a fenced upload is never confirmed (its commit was refused), and an upload whose
@@ -42,10 +42,8 @@ producers fenced). What comes back, and as of when:
 from __future__ import annotations
 
 import logging
-import struct
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import Callable
 from pathlib import Path
 
 from stratalog.coordinator import open_coordinator
@@ -55,13 +53,13 @@ from stratalog.coordinator.model import PartitionState, SegmentEntry, TopicInfo,
 from stratalog.coordinator.store import KEYSPACE_VERSION, OLDEST_READABLE_KEYSPACE, KVClusterStore
 from stratalog.coordinator.transactions import TxnStatus
 from stratalog.engine.restore import RestoreReport, settle
+from stratalog.engine.wal_evidence import Candidate, continue_log, open_transactions, read_evidence
 from stratalog.tiering import layout
-from stratalog.tiering.batch import scan_batches
 from stratalog.tiering.errors import CorruptObject
 from stratalog.tiering.errors import UnsupportedFormat as UnsupportedObjectFormat
 from stratalog.tiering.manifest import Manifest, read_manifest
 from stratalog.tiering.objectstore.base import ObjectNotFound, ObjectStore
-from stratalog.tiering.wal import CONFIRMATION_TOPIC_ID, SequenceSet, decode_confirmations, read_wal
+from stratalog.tiering.wal import SequenceSet
 
 log = logging.getLogger(__name__)
 
@@ -226,63 +224,12 @@ async def _set_offline(store: KVClusterStore, tid: uuid.UUID, p: int, reason: st
 
 # --- WAL ranges ----------------------------------------------------------------------------
 
-@dataclass
-class _Found:
-    """The WAL objects in the bucket: their ranges, and what they confirm."""
-
-    ranges: dict[tuple[int, int], tuple[str, list[WalRange]]] = field(default_factory=dict)
-    confirmed: dict[int, SequenceSet] = field(default_factory=dict)
-    # Per (object, topic id, partition): (offset, producer id, is a marker) of each
-    # transactional batch, to tell which transactions the rebuilt log leaves open.
-    txn_batches: dict[tuple[tuple[int, int], uuid.UUID, int], list[tuple[int, int, bool]]] = \
-        field(default_factory=dict)
-    # Per (object, topic id, partition): the highest leader epoch stamped on its batches.
-    epochs: dict[tuple[tuple[int, int], uuid.UUID, int], int] = field(default_factory=dict)
-
-
-async def _read_wal_objects(objects: ObjectStore, report: BucketReport) -> _Found:
-    """Read every WAL object once, whole (CRCs checked), one at a time."""
-    found = _Found()
-    for info in await objects.list(layout.WAL_ROOT):
-        try:
-            gw, seq = layout.parse_wal_key(info.key)
-        except ValueError:
-            continue
-        try:
-            data = await objects.get(info.key)
-            parts = read_wal(data, info.key)
-        except ObjectNotFound:
-            continue  # collected meanwhile
-        except (CorruptObject, UnsupportedObjectFormat) as e:
-            report.unreadable.append(f"{info.key}: {e}")
-            continue
-        report.wal_objects += 1
-        version = struct.unpack_from(">H", data, 4)[0]
-        ranges = []
-        for r, body in parts:
-            if r.topic_id == CONFIRMATION_TOPIC_ID:
-                try:
-                    found.confirmed.setdefault(gw, SequenceSet()).update(decode_confirmations(body, info.key))
-                except (CorruptObject, UnsupportedObjectFormat) as e:
-                    report.unreadable.append(f"{info.key} (its confirmations): {e}")
-                continue
-            ranges.append(WalRange(r.topic_id, r.partition, r.base_offset, r.last_offset, r.position,
-                                   r.length, r.max_timestamp, version))
-            headers = [h for _, h in scan_batches(body)[0]]
-            found.epochs[((gw, seq), r.topic_id, r.partition)] = \
-                max((h.partition_leader_epoch for h in headers), default=-1)
-            txn = [(h.base_offset, h.producer_id, h.is_control) for h in headers if h.is_transactional]
-            if txn:
-                found.txn_batches[((gw, seq), r.topic_id, r.partition)] = txn
-        found.ranges[(gw, seq)] = (info.key, ranges)
-    return found
-
-
 async def _apply_wal(store: KVClusterStore, objects: ObjectStore,
                      snapshot_wal: dict[tuple[int, int], WalObject], report: BucketReport) -> None:
-    found = await _read_wal_objects(objects, report)
-    proven: dict[TP, list[tuple[tuple[int, int], str, WalRange]]] = {}
-    unproven: dict[TP, list[tuple[tuple[int, int], str, WalRange]]] = {}
+    found = await read_evidence(objects)
+    report.wal_objects, report.unreadable = found.read, found.unreadable
+    proven: dict[TP, list[Candidate]] = {}
+    unproven: dict[TP, list[Candidate]] = {}
     for ws, (key, ranges) in sorted(found.ranges.items()):
         listed = snapshot_wal.get(ws)
         if listed is not None or ws[1] in found.confirmed.get(ws[0], SequenceSet()):
@@ -300,15 +247,17 @@ async def _apply_wal(store: KVClusterStore, objects: ObjectStore,
     for info in sorted(topics.values(), key=lambda t: t.name):
         for p in range(info.partitions):
             tp = (info.topic_id, p)
-            outcome, taken, conflict = await _partition_wal(store, info, p, proven.get(tp, []),
-                                                            unproven.get(tp, []), found.epochs)
-            report.partitions.append(outcome)
-            for ws, key, r in taken:
+            segments = await store.segments(info.topic_id, p)
+            start = (await store.log_state(info.topic_id, p)).log_start_offset
+            sealed_end = max([s.last_offset + 1 for s in segments] + [start])
+            c = continue_log(sealed_end, proven.get(tp, []), unproven.get(tp, []), found.epoch)
+            report.partitions.append(PartitionRecovery(info.name, p, sealed_end, c.log_end, c.lost))
+            for ws, key, r in c.taken:
                 chosen.setdefault(ws, (key, []))[1].append(r)
-            if conflict:
-                await _set_offline(store, info.topic_id, p, f"rebuilt from the bucket: {outcome.lost}")
-            elif taken:
-                await _check_open_transactions(store, info, p, taken, found)
+            if c.conflict:
+                await _set_offline(store, info.topic_id, p, f"rebuilt from the bucket: {c.lost}")
+            elif c.taken:
+                await _check_open_transactions(store, info, p, open_transactions(c.taken, found))
     for (gw, seq), (key, ranges) in sorted(chosen.items()):
         epochs = {}
         for r in ranges:
@@ -319,20 +268,11 @@ async def _apply_wal(store: KVClusterStore, objects: ObjectStore,
 
 
 async def _check_open_transactions(store: KVClusterStore, info: TopicInfo, p: int,
-                                   taken: list[tuple[tuple[int, int], str, WalRange]], found: _Found) -> None:
+                                   open_at: dict[int, int]) -> None:
     """A transaction left open by the rebuilt WAL ranges is aborted only if the snapshot
     holds its state (restore's fencing aborts it); one begun since has its state only in the
     lost coordinator, would hold the last stable offset back for ever, and so brings the
     partition back offline for `stratalog partitions recover` to decide."""
-    open_at: dict[int, int] = {}  # producer id -> first offset of its open transaction
-    for ws, _, r in taken:
-        for offset, pid, marker in found.txn_batches.get((ws, r.topic_id, r.partition), []):
-            if not r.base_offset <= offset <= r.last_offset:
-                continue  # cut by a truncation the snapshot's entry records
-            if marker:
-                open_at.pop(pid, None)
-            else:
-                open_at.setdefault(pid, offset)
     if not open_at:
         return
     tp = (info.name, p)
@@ -345,70 +285,3 @@ async def _check_open_transactions(store: KVClusterStore, info: TopicInfo, p: in
         await _set_offline(store, info.topic_id, p,
                            f"rebuilt from the bucket: a transaction of producer id {pid} is open from "
                            f"offset {offset}, and its state was only in the lost coordinator")
-
-
-async def _partition_wal(store: KVClusterStore, info: TopicInfo, p: int,
-                         proven: list[tuple[tuple[int, int], str, WalRange]],
-                         unproven: list[tuple[tuple[int, int], str, WalRange]],
-                         epochs: dict[tuple[tuple[int, int], uuid.UUID, int], int]
-                         ) -> tuple[PartitionRecovery, list[tuple[tuple[int, int], str, WalRange]], bool]:
-    """The ranges that continue the partition from its sealed end (THE RULE in the module
-    docstring), what became of the partition, and whether two proven ranges conflict (then
-    none is taken and the partition goes offline)."""
-    segments = await store.segments(info.topic_id, p)
-    start = (await store.log_state(info.topic_id, p)).log_start_offset
-    sealed_end = max([s.last_offset + 1 for s in segments] + [start])
-    nxt = sealed_end
-    taken: list[tuple[tuple[int, int], str, WalRange]] = []
-    lost, conflict = "", False
-
-    def epoch(c: tuple[tuple[int, int], str, WalRange]) -> int:
-        return epochs.get((c[0], c[2].topic_id, c[2].partition), -1)
-    for ws, key, r in sorted(proven, key=lambda c: (c[2].base_offset, c[0])):
-        if r.last_offset < nxt and not taken:
-            continue  # sealed already
-        if r.base_offset > nxt:
-            filler = _fill_gap(nxt, r.base_offset, epoch((ws, key, r)), unproven, epoch)
-            if filler is None:
-                lost = f"offsets {nxt}..{r.base_offset - 1} are in no WAL object whose commit is provable"
-                break
-            taken += filler
-            nxt = r.base_offset
-        if taken and r.base_offset < nxt:
-            lost = (f"two committed WAL ranges hold offset {r.base_offset} ({taken[-1][1]} and {key}): "
-                    "truncated since, which one the log kept is not provable")
-            taken, nxt, conflict = [], sealed_end, True
-            break
-        taken.append((ws, key, r))
-        nxt = r.last_offset + 1
-    beyond = [(key, r) for _, key, r in unproven if r.last_offset >= nxt]
-    if beyond and not lost:
-        last = max(r.last_offset for _, r in beyond)
-        lost = (f"offsets up to {last} in {len({k for k, _ in beyond})} WAL object(s) whose commit is "
-                f"not provable (each gateway's newest flush, or fenced uploads): not restored")
-    return PartitionRecovery(info.name, p, sealed_end, nxt, lost), taken, conflict
-
-
-def _fill_gap(nxt: int, end: int, end_epoch: int,
-              unproven: list[tuple[tuple[int, int], str, WalRange]],
-              epoch: Callable[[tuple[tuple[int, int], str, WalRange]], int]
-              ) -> list[tuple[tuple[int, int], str, WalRange]] | None:
-    """Unproven ranges that exactly cover offsets nxt..end-1 before a proven range (its
-    leader wrote only after every earlier offset was committed, so these offsets were), or
-    None. Where several uploads hold an offset, the one of the highest leader epoch is the
-    committed one: an upload fenced at those offsets carried an older epoch than the
-    leader whose commit replaced it. Equal epochs, or one above the proven range's, are
-    not decided."""
-    out: list[tuple[tuple[int, int], str, WalRange]] = []
-    while nxt < end:
-        options = [c for c in unproven if c[2].base_offset <= nxt <= c[2].last_offset < end
-                   and (c[2].base_offset == nxt or not out) and epoch(c) <= end_epoch]
-        if not options:
-            return None
-        best = max(epoch(c) for c in options)
-        top = [c for c in options if epoch(c) == best]
-        if len(top) != 1 or best < 0:
-            return None
-        out.append(top[0])
-        nxt = top[0][2].last_offset + 1
-    return out
