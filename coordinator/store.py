@@ -638,15 +638,17 @@ class KVClusterStore:
                 and request_bytes(compares, ops) <= self._budget)
 
     async def create_topic(self, name: str, partitions: int, replication_factor: int,
-                           configs: dict[str, str], assignments: dict[int, PartitionState]
-                           ) -> TopicInfo:
+                           configs: dict[str, str], assignments: dict[int, PartitionState],
+                           topic_id: uuid.UUID | None = None) -> TopicInfo:
+        """`topic_id` is given only to bring back a topic whose objects carry its id
+        (engine.bucket_recovery); new topics get a fresh one."""
         if not name:
             raise ValueError("topic name must not be empty")
         if partitions < 1 or replication_factor < 1:
             raise ValueError(f"topic {name}: partitions and replication factor must be >= 1")
         if set(assignments) != set(range(partitions)):
             raise ValueError(f"topic {name}: assignments must cover partitions 0..{partitions - 1}")
-        info = TopicInfo(name, uuid.uuid4(), partitions, replication_factor, dict(configs))
+        info = TopicInfo(name, topic_id or uuid.uuid4(), partitions, replication_factor, dict(configs))
         key = self._topic_key(name)
         if await self.kv.get(key) is not None:
             raise TopicExists(name)

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from typing import Any, Callable
 
-from stratalog.coordinator.model import ClusterStore, SegmentEntry
+from stratalog.coordinator.model import ClusterStore, SegmentEntry, WalObject
 from stratalog.tiering import layout
 from stratalog.tiering.objectstore.base import ObjectNotFound, ObjectStore
 
@@ -178,6 +178,8 @@ class Cleaner:
         """Delete WAL objects whose every range is sealed, deleted or below the log start,
         and this gateway's uploads that were never committed."""
         obsolete = await self.store.obsolete_wal_objects()
+        carriers = proof_carriers(await self.store.wal_objects(), obsolete)
+        obsolete = [o for o in obsolete if (o.gateway_id, o.sequence) not in carriers]
         if obsolete:
             # Objects first: an obsolete entry is never read, so one left behind by a failed
             # delete below is harmless and retried next pass, whereas an object whose entry
@@ -238,3 +240,16 @@ class Cleaner:
                              plog.partition, len(doomed))
                     await self.objects.delete(doomed)
         self._orphan_candidates = candidates
+
+
+def proof_carriers(committed: list[WalObject], obsolete: list[WalObject]) -> set[tuple[int, int]]:
+    """(gateway, sequence) of each gateway's newest committed WAL object while an older one
+    of the same gateway is still needed: only a later object of its gateway confirms an
+    object's commit (engine.wal_writer), which `recover --from-bucket` relies on, so it is
+    kept even when its own ranges are all sealed."""
+    gone = {(o.gateway_id, o.sequence) for o in obsolete}
+    newest: dict[int, int] = {}
+    for o in committed:
+        newest[o.gateway_id] = max(newest.get(o.gateway_id, -1), o.sequence)
+    return {(o.gateway_id, newest[o.gateway_id]) for o in committed
+            if (o.gateway_id, o.sequence) not in gone and o.sequence < newest[o.gateway_id]}

@@ -85,15 +85,23 @@ async def restore(backup: Backup, target: KVClusterStore, objects: ObjectStore,
     try:
         await scratch.write_keyspace(backup.keys)
         report = RestoreReport()
-        offline = await _check_partitions(scratch, objects, report)
-        await _move_epochs(scratch, offline)
-        report.next_producer_id = await scratch.allocate_producer_ids(PRODUCER_ID_MARGIN) + PRODUCER_ID_MARGIN
-        await _fence_producers(scratch, report)
-        _, keys = await scratch.read_keyspace()
+        keys = await settle(scratch, objects, report)
     finally:
         await scratch.close()
     await target.write_keyspace(keys)
     return report
+
+
+async def settle(scratch: KVClusterStore, objects: ObjectStore, report: RestoreReport
+                 ) -> list[tuple[str, bytes]]:
+    """Check the scratch cluster's objects, move epochs and producer ids forward and fence
+    transactional producers (module docstring); the keys to write into the target."""
+    offline = await _check_partitions(scratch, objects, report)
+    await _move_epochs(scratch, offline)
+    report.next_producer_id = await scratch.allocate_producer_ids(PRODUCER_ID_MARGIN) + PRODUCER_ID_MARGIN
+    await _fence_producers(scratch, report)
+    _, keys = await scratch.read_keyspace()
+    return keys
 
 
 class _Present:

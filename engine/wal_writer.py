@@ -20,6 +20,13 @@ acks=all producers waiting for batches already appended are told `WalCommitDelay
 batches may still be committed once the store is back, so the answer must be a timeout,
 which an idempotent producer's retry and sequence check cover). The first flush that
 succeeds ends the fault.
+
+Every object also confirms the commits before it (tiering.wal: the confirmation range):
+the sequences of this gateway's objects the coordinator accepted and has not collected,
+which the writer learns from the coordinator at start and from each commit after. So
+every committed object but a gateway's newest is proven committed by the bucket alone,
+which is what `stratalog recover --from-bucket` restores WAL ranges from; a fenced object
+is never confirmed.
 """
 
 from __future__ import annotations
@@ -35,9 +42,13 @@ from typing import Callable
 from stratalog.coordinator.model import ClusterStore, Fenced, WalObject, WalRange
 from stratalog.tiering import layout
 from stratalog.tiering.objectstore.base import ObjectStore
-from stratalog.tiering.wal import FORMAT_VERSION as WAL_FORMAT_VERSION, WalBuilder
+from stratalog.tiering.wal import CONFIRMATION_TOPIC_ID, SequenceSet, add_confirmations
+from stratalog.tiering.wal import FORMAT_VERSION as WAL_FORMAT_VERSION
+from stratalog.tiering.wal import WalBuilder
 
 log = logging.getLogger(__name__)
+
+PRUNE_CONFIRMATIONS_S = 60.0  # how often the confirmed set drops collected objects
 
 
 class WalCommitFailed(Exception):
@@ -110,11 +121,17 @@ class WalWriter:
         self._failing_since: float | None = None  # first failure of the flush under way
         self.fault: str | None = None  # why the WAL is failed, once past fault_timeout_ms
         self.abandoned: str | None = None  # what a stop past its timeout left uncommitted
+        self.confirmed = SequenceSet()  # our committed, uncollected objects (module docstring)
+        self._pruned_at = 0.0
+        self._prune_floor = 0
 
     async def start(self) -> None:
         """Continue the sequence after every WAL object this gateway id ever wrote,
         committed or not, so no key is reused."""
         seen = [o.sequence for o in await self.store.wal_objects() if o.gateway_id == self.gateway_id]
+        for seq in seen:  # committed by an earlier run of this gateway id
+            self.confirmed.add(seq)
+        self._pruned_at = self.clock()
         for info in await self.objects.list(f"wal/{self.gateway_id}/"):
             try:
                 seen.append(layout.parse_wal_key(info.key)[1])
@@ -177,13 +194,15 @@ class WalWriter:
         if p.builder.empty:
             return  # every partition in it was discarded
         started = self.clock()
+        await self._prune_confirmed()
+        add_confirmations(p.builder, self.confirmed)
         data, infos = p.builder.build()
         key = layout.wal_key(self.gateway_id, self.sequence)
         seq = self.sequence
         self.sequence += 1
         ranges = tuple(WalRange(i.topic_id, i.partition, i.base_offset, i.last_offset,
                                 i.position, i.length, i.max_timestamp, WAL_FORMAT_VERSION)
-                       for i in infos)
+                       for i in infos if i.topic_id != CONFIRMATION_TOPIC_ID)
         obj = WalObject(self.gateway_id, seq, key, ranges, WAL_FORMAT_VERSION)
         self.inflight = seq
         self._flushing = p
@@ -209,6 +228,7 @@ class WalWriter:
         finally:
             self.inflight = None
             self._flushing = None
+        self.confirmed.add(seq)
         self._recovered()
         self.last_commit_seconds = self.clock() - put_done
         self.last_flush_seconds = self.clock() - started
@@ -219,6 +239,22 @@ class WalWriter:
         for fut in p.done.values():
             if not fut.done():
                 fut.set_result(None)
+
+    async def _prune_confirmed(self) -> None:
+        """Now and then, forget confirmations of objects the coordinator has collected
+        (their ranges are sealed), so the confirmation range stays a few intervals."""
+        if self.clock() - self._pruned_at < PRUNE_CONFIRMATIONS_S:
+            return
+        self._pruned_at = self.clock()
+        # With none of ours in the index, only what was flushed before the previous prune
+        # is surely collected (a newer commit may not have reached the index yet).
+        floor, self._prune_floor = self._prune_floor, self.sequence
+        try:
+            mine = [o.sequence for o in await self.store.wal_objects() if o.gateway_id == self.gateway_id]
+        except Exception as e:  # noqa: BLE001 - only an optimisation: next time
+            log.debug("could not read WAL objects to prune confirmations: %s", e)
+            return
+        self.confirmed.prune_below(min(mine, default=floor))
 
     def settled_below(self) -> int:
         """Every object of this gateway with a lower sequence is either committed or will

@@ -19,7 +19,9 @@ from typing import Callable
 
 from stratalog.coordinator.kv import CoordinatorUnavailable
 from stratalog.coordinator.model import ClusterStore, PartitionState, TopicInfo, UnknownTopic
+from stratalog.coordinator.store import KVClusterStore
 from stratalog.engine import Assignment, EngineSettings, LogEngine
+from stratalog.engine.snapshots import SnapshotWriter
 from stratalog.tiering.objectstore.base import ObjectStore, ObjectStoreError
 
 from .auth.acls import Authorizer, parse_super_users
@@ -122,6 +124,10 @@ class Broker:
             partition_exists=lambda topic, p: 0 <= p < (self.partition_count(topic) or 0),
             now_ms=self.now_ms,
             abort_check_ms=config["transaction.abort.timed.out.transaction.cleanup.interval.ms"])
+        self.snapshots = (SnapshotWriter(store, objects, now_ms=self.now_ms,
+                                         interval_ms=config["coordinator.snapshot.interval.ms"],
+                                         retain=config["coordinator.snapshot.retain"])
+                          if isinstance(store, KVClusterStore) else None)
         self._tasks: list[asyncio.Task] = []
         self._producer_ids = (0, 0)  # next, end of the reserved block
         self._last_cleaning = 0.0
@@ -253,6 +259,11 @@ class Broker:
             self._last_cleaning = self.clock()
             await self.engine.clean()
             await self.refresh_group_lag()
+        if self.snapshots is not None:
+            try:
+                await self.snapshots.maybe_write(self.controller.is_controller)
+            except (CoordinatorUnavailable, ObjectStoreError) as e:
+                log.warning("coordinator snapshot not written, retrying next tick: %s", e)
 
     async def refresh_group_lag(self) -> None:
         lag = {}

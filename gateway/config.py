@@ -141,6 +141,8 @@ BROKER_SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("log.retention.ms", 604_800_000, _int, "Delete sealed segments older than this; -1 keeps forever (topic: retention.ms).", -1),
     _s("log.retention.bytes", -1, _int, "Delete the oldest segments past this size per partition; -1 no limit (topic: retention.bytes).", -1),
     _s("log.retention.check.interval.ms", 60_000, _int, "How often retention and WAL garbage collection run.", 1),
+    _s("coordinator.snapshot.interval.ms", 300_000, _int, "The controller writes a snapshot of the coordinator (topics, configs, group offsets, ACLs, users, producer ids) to the object store this often, for `stratalog recover --from-bucket`; 0: never.", 0),
+    _s("coordinator.snapshot.retain", 3, _int32, "Coordinator snapshots kept in the object store (the oldest past it are deleted).", 1),
     _s("log.index.interval.bytes", 4096, _int32, "Bytes between sparse index entries (topic: index.interval.bytes).", 0),
     _s("log.cleanup.policy", "delete", _policy, "delete, compact or both (topic: cleanup.policy)."),
     _s("log.message.timestamp.type", "CreateTime", _choice("CreateTime", "LogAppendTime"), "Topic: message.timestamp.type."),

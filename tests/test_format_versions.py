@@ -83,6 +83,24 @@ def test_wal_object_versions():
     assert issubclass(UnsupportedFormat, CorruptObject)
 
 
+def test_wal_commit_confirmations_are_a_range_older_readers_pass_over():
+    """An object with confirmations is still a version 1 object (readers of WAL ranges read
+    only the ranges coordinator entries name); the confirmation range's own newer version
+    is refused, naming the object."""
+    builder = wal.WalBuilder()
+    wal.add_confirmations(builder, wal.SequenceSet([(1, 3)]))
+    data, _ = builder.build()
+    assert data[4:6] == b"\x00\x01"
+    ((info, body),) = wal.read_wal(data)
+    assert info.topic_id == wal.CONFIRMATION_TOPIC_ID
+    newer = bytearray(body)
+    newer[4:6] = (2).to_bytes(2, "big")
+    key = "wal/1/00000000000000000042.wal"
+    with pytest.raises(UnsupportedFormat) as e:
+        wal.decode_confirmations(bytes(newer), key)
+    assert str(e.value) == f"WAL confirmation range in {key} {NEWER}"
+
+
 def _store_with_topic(tmp_path: Path):
     """An embedded coordinator holding one topic of one partition; (store, topic id)."""
     store = open_coordinator(None, tmp_path / "coord")

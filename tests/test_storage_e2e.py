@@ -21,6 +21,7 @@ FAST = {"log.roll.ms": 300, "log.retention.check.interval.ms": 200}
 SEGMENT_KEY = re.compile(r"^topics/([a-zA-Z0-9._-]+)-([0-9a-f-]{36})/(\d+)/(\d{20})-(\d+)-(\w+)\.(log|index|timeindex)$")
 WAL_KEY = re.compile(r"^wal/(\d+)/(\d{20})\.wal$")
 MANIFEST_KEY = re.compile(r"^manifests/([a-zA-Z0-9._-]+)-([0-9a-f-]{36})/(\d+)/(\d{20})\.avro$")
+SNAPSHOT_KEY = re.compile(r"^coordinator/(\d{20})\.backup$")  # the controller's coordinator snapshots
 
 
 def objects(gw) -> list[str]:
@@ -79,7 +80,8 @@ def test_objects_follow_the_layout_and_segments_dump_decodes_them(gateway_factor
                              and any(x.startswith("manifests/") for x in k) else None)(objects(gw)),
                     what="a sealed segment and its manifest")
     for key in keys:
-        assert SEGMENT_KEY.match(key) or WAL_KEY.match(key) or MANIFEST_KEY.match(key), key
+        assert SEGMENT_KEY.match(key) or WAL_KEY.match(key) or MANIFEST_KEY.match(key) \
+            or SNAPSHOT_KEY.match(key), key
     seg = next(k for k in keys if k.endswith(".log"))
     m = SEGMENT_KEY.match(seg)
     assert m.group(1) == topic and int(m.group(4)) == 0

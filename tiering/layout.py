@@ -7,6 +7,8 @@ Keys are relative to the store's root or prefix:
                                                                            .index
                                                                            .timeindex
     manifests/<topic>-<topic-id>/<partition>/<version:020>.avro
+    coordinator/<time-ms:020>.backup          the controller's coordinator snapshots
+
 
 Numbers that order objects are zero-padded to 20 digits so that a listing sorted by key
 is sorted by number. A segment's three files share one key base; the unique id makes
@@ -34,6 +36,8 @@ MANIFEST_EXTENSION = ".avro"
 WAL_ROOT = "wal/"
 TOPICS_ROOT = "topics/"
 MANIFESTS_ROOT = "manifests/"
+SNAPSHOTS_ROOT = "coordinator/"
+SNAPSHOT_EXTENSION = ".backup"
 
 _MAX_PADDED = 10**20 - 1
 _TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
@@ -44,6 +48,7 @@ _WAL_RE = re.compile(r"wal/(0|[1-9][0-9]{0,9})/" + _DIGITS20 + re.escape(WAL_EXT
 _SEGMENT_FILE_RE = re.compile(
     _DIGITS20 + r"-(0|[1-9][0-9]{0,9})-([A-Za-z0-9_]{1,64})(\.log|\.index|\.timeindex|\.txnindex)?"
 )
+_SNAPSHOT_RE = re.compile(re.escape(SNAPSHOTS_ROOT) + _DIGITS20 + re.escape(SNAPSHOT_EXTENSION))
 _MANIFEST_FILE_RE = re.compile(_DIGITS20 + re.escape(MANIFEST_EXTENSION))
 _PARTITION_RE = re.compile(r"0|[1-9][0-9]{0,9}")
 
@@ -209,3 +214,17 @@ def parse_wal_key(key: str) -> WalKey:
     if gateway_id > 2**31 - 1:
         raise ValueError(f"gateway id out of range in key {key!r}")
     return WalKey(gateway_id, int(m.group(2)))
+
+
+def snapshot_key(time_ms: int) -> str:
+    """Key of the coordinator snapshot taken at `time_ms` (the backup file's format)."""
+    _check_int("time_ms", time_ms)
+    return f"{SNAPSHOTS_ROOT}{time_ms:020d}{SNAPSHOT_EXTENSION}"
+
+
+def parse_snapshot_key(key: str) -> int:
+    """The time (ms) a coordinator snapshot key names; ValueError for any other key."""
+    m = _SNAPSHOT_RE.fullmatch(key) if isinstance(key, str) else None
+    if m is None:
+        raise ValueError(f"key {key!r} is not {SNAPSHOTS_ROOT}<time-ms:020>{SNAPSHOT_EXTENSION}")
+    return int(m.group(1))

@@ -289,3 +289,99 @@ def read_wal(data: bytes | bytearray | memoryview,
     if expected != len(view):
         raise CorruptObject(f"WAL object is {len(view)} bytes, its trailer says {expected}")
     return [(info, range_bytes(view, info)) for info in read_footer(view, key)]
+
+
+# --- commit confirmations --------------------------------------------------------------
+#
+# A WAL object may hold one more range, under the reserved topic id CONFIRMATION_TOPIC_ID
+# (the nil UUID, never a topic's), that no coordinator entry names: the sequences of the
+# same gateway's earlier WAL objects whose commit the coordinator accepted, as the writer
+# knew them when it built this object. It is what lets `stratalog recover --from-bucket`
+# prove a commit from the bucket alone (engine.bucket_recovery). Its bytes:
+#
+#     0   magic          4 bytes  b"SLWC"
+#     4   version        uint16   CONFIRMATION_VERSION
+#     6   count          uint32   intervals that follow
+#     10  intervals      count x (first uint64, last uint64): committed sequences
+#                        first..last, sorted, disjoint
+#
+# The range's base and last offsets are the first and last sequence it confirms, its
+# partition 0. Readers of WAL objects that predate it follow the coordinator's entries,
+# which never list it, so they read such objects unchanged (the object format stays 1).
+
+CONFIRMATION_TOPIC_ID = uuid.UUID(int=0)
+CONFIRMATION_MAGIC = b"SLWC"
+CONFIRMATION_VERSION = 1
+_CONFIRM_HEAD = struct.Struct(">4sHI")
+_INTERVAL = struct.Struct(">QQ")
+MAX_CONFIRMED_INTERVALS = 4096  # past it the oldest are dropped (WalWriter prunes long before)
+
+
+class SequenceSet:
+    """Sequence numbers as sorted, disjoint, inclusive intervals (committed WAL objects of
+    one gateway are consecutive but for the rare fenced one, so this stays a few intervals)."""
+
+    def __init__(self, intervals: list[tuple[int, int]] | None = None):
+        self.intervals: list[tuple[int, int]] = []
+        for first, last in intervals or []:
+            self._fill(first, last)
+
+    def _fill(self, first: int, last: int) -> None:
+        merged = [(a, b) for a, b in self.intervals if b < first - 1 or a > last + 1]
+        inside = [(a, b) for a, b in self.intervals if not (b < first - 1 or a > last + 1)]
+        lo = min([first] + [a for a, _ in inside])
+        hi = max([last] + [b for _, b in inside])
+        self.intervals = sorted(merged + [(lo, hi)])
+
+    def add(self, seq: int) -> None:
+        self._fill(seq, seq)
+        if len(self.intervals) > MAX_CONFIRMED_INTERVALS:
+            del self.intervals[0]
+
+    def update(self, other: SequenceSet) -> None:
+        for first, last in other.intervals:
+            self._fill(first, last)
+
+    def prune_below(self, floor: int) -> None:
+        """Forget sequences below `floor` (their objects are collected)."""
+        self.intervals = [(max(a, floor), b) for a, b in self.intervals if b >= floor]
+
+    def __contains__(self, seq: int) -> bool:
+        return any(a <= seq <= b for a, b in self.intervals)
+
+    def __bool__(self) -> bool:
+        return bool(self.intervals)
+
+
+def encode_confirmations(confirmed: SequenceSet) -> bytes:
+    """The confirmation range's bytes (layout above)."""
+    return _CONFIRM_HEAD.pack(CONFIRMATION_MAGIC, CONFIRMATION_VERSION, len(confirmed.intervals)) \
+        + b"".join(_INTERVAL.pack(a, b) for a, b in confirmed.intervals)
+
+
+def add_confirmations(builder: WalBuilder, confirmed: SequenceSet) -> None:
+    """Put the confirmation range into an object about to be built (nothing if empty)."""
+    if confirmed:
+        builder.add(CONFIRMATION_TOPIC_ID, 0, confirmed.intervals[0][0], confirmed.intervals[-1][1],
+                    0, encode_confirmations(confirmed))
+
+
+def decode_confirmations(data: bytes | bytearray | memoryview, key: str | None = None) -> SequenceSet:
+    """The sequences a confirmation range lists; CorruptObject if it is not one,
+    UnsupportedFormat for a newer version of it."""
+    view = memoryview(data)
+    if len(view) < _CONFIRM_HEAD.size:
+        raise CorruptObject(f"WAL confirmation range of {len(view)} bytes is too short")
+    magic, version, count = _CONFIRM_HEAD.unpack_from(view, 0)
+    if magic != CONFIRMATION_MAGIC:
+        raise CorruptObject(f"not a WAL confirmation range: magic {bytes(magic)!r}")
+    if not 1 <= version <= CONFIRMATION_VERSION:
+        raise UnsupportedFormat(unsupported_version(
+            f"WAL confirmation range in {key}" if key else "WAL confirmation range", version, 1,
+            CONFIRMATION_VERSION))
+    if len(view) != _CONFIRM_HEAD.size + count * _INTERVAL.size:
+        raise CorruptObject(f"WAL confirmation range of {len(view)} bytes does not hold {count} intervals")
+    intervals = [_INTERVAL.unpack_from(view, _CONFIRM_HEAD.size + i * _INTERVAL.size) for i in range(count)]
+    if any(a > b for a, b in intervals):
+        raise CorruptObject("WAL confirmation range has an interval that ends before it starts")
+    return SequenceSet(intervals)

@@ -31,6 +31,7 @@ COMMANDS = (
     "stratalog.infra.cli.transactions",
     "stratalog.infra.cli.users",
     "stratalog.infra.cli.coordinator",
+    "stratalog.infra.cli.recover",
     "stratalog.infra.cli.migrate",
     "stratalog.infra.cli.acls",
     "stratalog.infra.cli.quotas",

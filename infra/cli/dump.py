@@ -14,11 +14,11 @@ from collections.abc import Callable
 from stratalog.tiering import layout
 from stratalog.tiering.batch import BatchHeader, CorruptBatch, batch_crc_valid, decode_records, scan_batches
 from stratalog.tiering.compression import CODEC_NAMES
-from stratalog.tiering.errors import CorruptObject
+from stratalog.tiering.errors import CorruptObject, UnsupportedFormat
 from stratalog.tiering.index import OffsetIndex, TimeIndex
 from stratalog.tiering.manifest import read_manifest
 from stratalog.tiering.txn import AbortedTxn, decode_marker, decode_txnindex, marker_commits
-from stratalog.tiering.wal import read_wal
+from stratalog.tiering.wal import CONFIRMATION_TOPIC_ID, decode_confirmations, read_wal
 
 from stratalog.infra.cli.common import format_table
 from stratalog.infra.cli.segments import MANIFEST, SEGMENT, WAL, kind_of
@@ -94,6 +94,9 @@ class Dumper:
             return
         self._out(f"  ranges {len(ranges)}")
         for info, view in ranges:
+            if info.topic_id == CONFIRMATION_TOPIC_ID:
+                self._confirmations(view)
+                continue
             self._out(f"  range topic-id {info.topic_id}  partition {info.partition}  "
                       f"offsets {info.base_offset}..{info.last_offset}  max-timestamp {info.max_timestamp}  "
                       f"position {info.position}  length {info.length}  crc {info.crc:#010x}")
@@ -102,6 +105,15 @@ class Dumper:
                             or headers[-1].last_offset != info.last_offset):
                 self._problem(f"batches cover {headers[0].base_offset}..{headers[-1].last_offset}, "
                               f"the range says {info.base_offset}..{info.last_offset}", "    ")
+
+    def _confirmations(self, view) -> None:
+        try:
+            confirmed = decode_confirmations(view)
+        except (CorruptObject, UnsupportedFormat) as exc:
+            self._problem(f"commit confirmations: {exc}")
+            return
+        shown = ", ".join(f"{a}..{b}" if a != b else f"{a}" for a, b in confirmed.intervals)
+        self._out(f"  confirms committed sequences {shown} of this gateway")
 
     # segment files
 
