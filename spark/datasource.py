@@ -20,8 +20,8 @@ from pyspark.sql.datasource import DataSource, DataSourceReader
 
 from stratalog.spark.metadata import open_metadata
 from stratalog.spark.options import parse_options
-from stratalog.spark.planning import SegmentSlice, plan
-from stratalog.spark.reading import read_slice
+from stratalog.spark.planning import plan
+from stratalog.spark.reading import read_input
 from stratalog.spark.schema import SPARK_SCHEMA
 
 NAME = "stratalog"
@@ -61,10 +61,8 @@ class StratalogReader(DataSourceReader):
     def partitions(self):
         store = self.options.store.open()
         meta = open_metadata(store, self.options.topic, coordinator=self.options.coordinator,
-                             topic_id=self.options.topic_id)
+                             topic_id=self.options.topic_id, read_committed=self.options.read_committed)
         return plan(meta.snapshot(), self.options, store)
 
     def read(self, partition):
-        if not isinstance(partition, SegmentSlice):
-            return iter(())  # Spark's stand-in partition when nothing matched
-        return read_slice(partition, self.options.store)
+        return read_input(partition, self.options.store)

@@ -46,7 +46,8 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             self._store = self.options.store.open()
             self._meta = open_metadata(self._store, self.options.topic,
                                        coordinator=self.options.coordinator,
-                                       topic_id=self.options.topic_id)
+                                       topic_id=self.options.topic_id,
+                                       read_committed=self.options.read_committed)
         try:
             return self._meta.snapshot().only(self.options.partitions)
         except TopicNotFound:
@@ -122,13 +123,13 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                                f"the log now starts at {snap.start} (retention removed records "
                                "before they were read); set failOnDataLoss=false to skip them")
             slices.extend(plan_partition(snap, self.options.topic, max(first, snap.start), stop,
-                                         self._plain, self._store))
+                                         self._plain, self._store, str(snapshot.topic_id)))
         return slices
 
     def read(self, partition):
-        from stratalog.spark.reading import read_slice
+        from stratalog.spark.reading import read_input
 
-        return read_slice(partition, self.options.store)
+        return read_input(partition, self.options.store)
 
     def commit(self, end: dict) -> None:
         """Nothing to release: offsets live in Spark's checkpoint, objects are immutable."""
