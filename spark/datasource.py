@@ -1,4 +1,5 @@
-"""`spark.read.format("stratalog")`: Spark reads sealed segments straight from the bucket.
+"""`spark.read.format("stratalog")`: Spark reads a topic straight from the bucket, sealed
+segments then committed WAL ranges (`spark.walread`), up to the high watermark.
 
 Examples
 --------
@@ -28,7 +29,7 @@ NAME = "stratalog"
 
 
 class StratalogDataSource(DataSource):
-    """Batch and streaming reads of a Stratalog topic's sealed segments."""
+    """Batch and streaming reads of a Stratalog topic, up to its high watermark."""
 
     @classmethod
     def name(cls) -> str:
@@ -47,7 +48,8 @@ class StratalogDataSource(DataSource):
 
 
 class StratalogReader(DataSourceReader):
-    """Plans one slice per sealed segment (or byte range of a large one) and reads it.
+    """Plans one slice per sealed segment (or byte range of a large one) and per committed
+    WAL range, and reads it.
 
     Parameters
     ----------
@@ -62,7 +64,11 @@ class StratalogReader(DataSourceReader):
         store = self.options.store.open()
         meta = open_metadata(store, self.options.topic, coordinator=self.options.coordinator,
                              topic_id=self.options.topic_id, read_committed=self.options.read_committed)
-        return plan(meta.snapshot(), self.options, store)
+        try:
+            return plan(meta.snapshot(), self.options, store)
+        finally:
+            if hasattr(meta, "close"):
+                meta.close()
 
     def read(self, partition):
         return read_input(partition, self.options.store)

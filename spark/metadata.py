@@ -1,5 +1,6 @@
-"""What a topic holds in sealed segments: from the newest Avro manifest of each partition,
-or, when asked, live from the coordinator (etcd).
+"""What a topic holds: its sealed segments from the newest Avro manifest of each partition,
+or, from a coordinator (etcd, or the embedded one read-only), its segments and the
+committed WAL ranges after them, up to the high watermark.
 
 Both give a `TopicSnapshot`; planning never cares where it came from. Manifests are read
 with one LIST per topic plus one GET per partition whose newest manifest changed since the
@@ -199,16 +200,35 @@ class CoordinatorMetadata:
         self.topic = topic
         self.store = store
         self.read_committed = read_committed
+        # Kept between snapshots (a stream takes one per trigger): the cluster store's index
+        # then refreshes with only the keys changed since, not the whole keyspace.
+        self._loop = None
+        self._cluster = None
+
+    def _run(self, work):
+        import asyncio
+
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(work)
+
+    def close(self) -> None:
+        """Close the coordinator connection (a later snapshot opens it again)."""
+        if self._loop is None:
+            return
+        if self._cluster is not None:
+            self._loop.run_until_complete(self._cluster.close())
+            self._cluster = None
+        self._loop.close()
+        self._loop = None
 
     def snapshot(self) -> TopicSnapshot:
         """Every partition; a WAL object collected while it was scanned (its range sealed
         meanwhile) makes it take a newer snapshot."""
-        import asyncio
-
         from stratalog.spark.walread import WalObjectGone, scan_transactions
 
         for _ in range(_RESNAPSHOTS):
-            snapshot = asyncio.run(self._snapshot())
+            snapshot = self._run(self._snapshot())
             if not self.read_committed:
                 return snapshot
             try:
@@ -221,12 +241,12 @@ class CoordinatorMetadata:
 
     def partition(self, topic_id: str, partition: int) -> PartitionSnapshot | None:
         """One partition of the topic incarnation `topic_id`; None once it is gone."""
-        import asyncio
-
         try:
-            snapshot = asyncio.run(self._snapshot(only=partition))
+            snapshot = self._run(self._snapshot(only=partition))
         except TopicNotFound:
             return None
+        finally:
+            self.close()
         if str(snapshot.topic_id) != topic_id:
             return None
         return snapshot.partitions.get(partition)
@@ -245,11 +265,14 @@ class CoordinatorMetadata:
     async def _snapshot(self, only: int | None = None) -> TopicSnapshot:
         from stratalog.engine.sealing import segment_record
 
-        store = self._open()
+        if self._cluster is None:
+            self._cluster = self._open()
+        store = self._cluster
         try:
             info = await store.topic(self.topic)
             if info is None:
-                raise TopicNotFound(f"the coordinator at {self.url} has no topic {self.topic!r}")
+                raise TopicNotFound(f"no topic {self.topic!r} in the coordinator at {self.url} "
+                                    "(wrong topic, or wrong coordinator)")
             partitions = {}
             for p in range(info.partitions) if only is None else [only]:
                 state, entries, ranges = await store.log_view(info.topic_id, p)
@@ -262,8 +285,10 @@ class CoordinatorMetadata:
                                                   tuple(segment_record(e) for e in entries),
                                                   wal=wal, open_txns=open_txns)
             return TopicSnapshot(info.name, info.topic_id, partitions)
-        finally:
+        except BaseException:
+            self._cluster = None  # reopened next time: the connection may be what failed
             await store.close()
+            raise
 
 
 _RESNAPSHOTS = 5

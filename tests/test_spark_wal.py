@@ -15,13 +15,14 @@ import uuid
 import pytest
 
 from conftest import GatewayProcess
-from spark_helpers import (Consumed, consume_all, create_topic, high_watermarks, make_bucket, moto_s3,
+from spark_helpers import (TRACE_FILE, Consumed, consume_all, create_topic, high_watermarks, make_bucket, moto_s3,
                            produce, reads_traced, rows_of, spark_session)
 from stratalog.spark.datasource import StratalogReader
 from stratalog.spark.metadata import CoordinatorMetadata, ManifestMetadata, TopicNotFound
-from stratalog.spark.objects import ObjectNotFound, StoreSpec
+from stratalog.spark.objects import TRACE_ENV, ObjectNotFound, StoreSpec
 from stratalog.spark.planning import SegmentSlice, WalSlice
 from stratalog.spark.reading import CorruptSegment, read_input
+from stratalog.tiering.txn import AbortedTxn
 
 ck = pytest.importorskip("confluent_kafka", reason="confluent-kafka is not installed")
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition  # noqa: E402
@@ -293,3 +294,91 @@ def test_a_corrupt_wal_range_raises_naming_object_and_offset(cluster, tmp_path):
         for s in reader.partitions():
             for _ in read_input(s, spec):
                 pass
+
+
+@pytest.mark.unit
+def test_the_coordinator_option_is_found_named_or_refused(tmp_path):
+    from stratalog.coordinator.embedded import DB_FILE
+    from stratalog.spark.options import OptionError, parse_options
+
+    objects = tmp_path / "data" / "objects"
+    objects.mkdir(parents=True)
+    base = {"topic": "t", "path": objects.as_uri()}
+    assert parse_options(base).coordinator is None  # no embedded coordinator beside the objects
+    (tmp_path / "data" / DB_FILE).write_bytes(b"")
+    assert parse_options(base).coordinator == str(tmp_path / "data")
+    assert parse_options({**base, "coordinator": "none"}).coordinator is None
+    assert parse_options({**base, "coordinator": "etcd://127.0.0.1:2379"}).coordinator == "etcd://127.0.0.1:2379"
+    assert parse_options({**base, "coordinator": (tmp_path / "x").as_uri()}).coordinator == str(tmp_path / "x")
+    s3 = {"topic": "t", "path": "s3://bucket/prefix"}
+    assert parse_options(s3).coordinator is None
+    for bad in ("http://host:1", "relative/dir"):
+        with pytest.raises(OptionError, match="option coordinator"):
+            parse_options({**s3, "coordinator": bad})
+
+
+@pytest.mark.unit
+def test_read_committed_planning_finds_wal_transactions(tmp_path, monkeypatch):
+    """A transaction open where the sealed data ended and aborted in a WAL range, one
+    aborted and one committed inside the WAL ranges, one still open: planning skips the
+    aborted ones' batches, stops at the open one's first offset, and reads only the
+    partition's byte range of each WAL object."""
+    from stratalog.spark.metadata import PartitionSnapshot, TopicSnapshot, WalPart
+    from stratalog.spark.options import parse_options
+    from stratalog.spark.planning import plan
+    from stratalog.tiering.batch import build_batch
+    from stratalog.tiering.txn import marker_batch
+    from stratalog.tiering.wal import WalBuilder
+
+    topic_id = uuid.uuid4()
+    next_offset = 10
+
+    def batch(pid: int, *, commit: bool | None = None, txn: bool = True) -> tuple[int, bytes]:
+        nonlocal next_offset
+        if commit is not None:
+            data = marker_batch(pid, 0, commit=commit, coordinator_epoch=0, timestamp_ms=BASE_TS)
+        else:
+            data = build_batch([(b"k", b"p%d-%d" % (pid, next_offset))], base_offset=next_offset,
+                               timestamp_ms=BASE_TS, producer_id=pid, producer_epoch=0,
+                               base_sequence=0, is_transactional=txn)
+        data = bytearray(data)
+        data[0:8] = next_offset.to_bytes(8, "big")  # the offset a leader assigns (outside the CRC)
+        next_offset += 1
+        return next_offset - 1, bytes(data)
+
+    flushes = [[batch(5), batch(7), batch(-1, txn=False)],           # 5 open since the segments
+               [batch(7, commit=False), batch(8), batch(5, commit=False)],
+               [batch(8, commit=True), batch(9), batch(-1, txn=False)]]  # 9 left open
+    objects = tmp_path / "objects"
+    parts = []
+    for n, flush in enumerate(flushes):
+        wal = WalBuilder()
+        other = build_batch([(b"o", b"other partition")], base_offset=n)
+        wal.add(topic_id, 1, n, n, BASE_TS, other)  # another partition's range in the same object
+        for offset, data in flush:
+            wal.add(topic_id, 0, offset, offset, BASE_TS, data)
+        raw, infos = wal.build()
+        key = f"wal/1/{n:020d}.wal"
+        (objects / "wal" / "1").mkdir(parents=True, exist_ok=True)
+        (objects / key).write_bytes(raw)
+        mine = next(i for i in infos if i.partition == 0)
+        parts.append(WalPart(key, mine.base_offset, mine.last_offset, mine.position, mine.length, BASE_TS))
+    snap = PartitionSnapshot(0, 10, (), wal=tuple(parts), open_txns=((5, 3),))
+    options = parse_options({"topic": "t", "path": objects.as_uri(), "coordinator": str(tmp_path),
+                             "kafka.isolation.level": "read_committed"})
+    from stratalog.spark.walread import scan_transactions
+
+    store = options.store.open()
+    scanned = scan_transactions(snap, store)
+    assert scanned.wal_aborted == (AbortedTxn(7, 11, 13), AbortedTxn(5, 3, 15))
+    assert scanned.wal_open_txn_offset == 17 and scanned.stable_end == 17
+    assert scanned.high_watermark == 19
+    monkeypatch.setenv(TRACE_ENV, str(TRACE_FILE))
+    with reads_traced() as reads:
+        rows = [r for s in plan(TopicSnapshot("t", topic_id, {0: scanned}), options, store)
+                for b in read_input(s, options.store) for r in b.to_pylist()]
+    assert [(r["offset"], r["value"]) for r in rows] == [(12, b"p-1-12"), (14, b"p8-14")]
+    assert reads
+    for key, start, end in reads:
+        part = next(p for p in parts if p.key == key)
+        assert part.position <= start < end <= part.position + part.length
