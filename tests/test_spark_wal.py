@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import replace
 import time
 import uuid
 
@@ -325,7 +326,7 @@ def test_read_committed_planning_finds_wal_transactions(tmp_path, monkeypatch):
     partition's byte range of each WAL object."""
     from stratalog.spark.metadata import PartitionSnapshot, TopicSnapshot, WalPart
     from stratalog.spark.options import parse_options
-    from stratalog.spark.planning import plan
+    from stratalog.spark.planning import first_offset_at, plan
     from stratalog.tiering.batch import build_batch
     from stratalog.tiering.txn import marker_batch
     from stratalog.tiering.wal import WalBuilder
@@ -336,10 +337,11 @@ def test_read_committed_planning_finds_wal_transactions(tmp_path, monkeypatch):
     def batch(pid: int, *, commit: bool | None = None, txn: bool = True) -> tuple[int, bytes]:
         nonlocal next_offset
         if commit is not None:
-            data = marker_batch(pid, 0, commit=commit, coordinator_epoch=0, timestamp_ms=BASE_TS)
+            data = marker_batch(pid, 0, commit=commit, coordinator_epoch=0,
+                                timestamp_ms=BASE_TS + next_offset * 1000)
         else:
             data = build_batch([(b"k", b"p%d-%d" % (pid, next_offset))], base_offset=next_offset,
-                               timestamp_ms=BASE_TS, producer_id=pid, producer_epoch=0,
+                               timestamp_ms=BASE_TS + next_offset * 1000, producer_id=pid, producer_epoch=0,
                                base_sequence=0, is_transactional=txn)
         data = bytearray(data)
         data[0:8] = next_offset.to_bytes(8, "big")  # the offset a leader assigns (outside the CRC)
@@ -356,13 +358,14 @@ def test_read_committed_planning_finds_wal_transactions(tmp_path, monkeypatch):
         other = build_batch([(b"o", b"other partition")], base_offset=n)
         wal.add(topic_id, 1, n, n, BASE_TS, other)  # another partition's range in the same object
         for offset, data in flush:
-            wal.add(topic_id, 0, offset, offset, BASE_TS, data)
+            wal.add(topic_id, 0, offset, offset, BASE_TS + offset * 1000, data)
         raw, infos = wal.build()
         key = f"wal/1/{n:020d}.wal"
         (objects / "wal" / "1").mkdir(parents=True, exist_ok=True)
         (objects / key).write_bytes(raw)
         mine = next(i for i in infos if i.partition == 0)
-        parts.append(WalPart(key, mine.base_offset, mine.last_offset, mine.position, mine.length, BASE_TS))
+        parts.append(WalPart(key, mine.base_offset, mine.last_offset, mine.position, mine.length,
+                             mine.max_timestamp))
     snap = PartitionSnapshot(0, 10, (), wal=tuple(parts), open_txns=((5, 3),))
     options = parse_options({"topic": "t", "path": objects.as_uri(), "coordinator": str(tmp_path),
                              "kafka.isolation.level": "read_committed"})
@@ -382,3 +385,8 @@ def test_read_committed_planning_finds_wal_transactions(tmp_path, monkeypatch):
     for key, start, end in reads:
         part = next(p for p in parts if p.key == key)
         assert part.position <= start < end <= part.position + part.length
+    # A stream's startingTimestamp finds its offset in the WAL ranges too.
+    assert first_offset_at(scanned, options, BASE_TS + 13_500, store) == 14  # 13 is a marker
+    uncommitted = replace(options, read_committed=False)
+    assert first_offset_at(scanned, uncommitted, BASE_TS + 10_500, store) == 11
+    assert first_offset_at(scanned, uncommitted, BASE_TS + 99_000, store) == 19
