@@ -57,6 +57,7 @@ class PartitionSnapshot:
     open_txns: tuple[tuple[int, int], ...] = ()
     wal_aborted: tuple[AbortedTxn, ...] = ()
     wal_open_txn_offset: int = -1
+    wal_open_txns: tuple[tuple[int, int], ...] = ()  # (producer id, first offset) open at the end
 
     @property
     def sealed_end(self) -> int:
@@ -204,6 +205,7 @@ class CoordinatorMetadata:
         # then refreshes with only the keys changed since, not the whole keyspace.
         self._loop = None
         self._cluster = None
+        self._scanned: dict[int, PartitionSnapshot] = {}  # read_committed: last scan per partition
 
     def _run(self, work):
         import asyncio
@@ -232,10 +234,12 @@ class CoordinatorMetadata:
             if not self.read_committed:
                 return snapshot
             try:
-                return TopicSnapshot(snapshot.topic, snapshot.topic_id, {
-                    p: scan_transactions(snap, self.store) for p, snap in snapshot.partitions.items()})
+                scanned = {p: scan_transactions(snap, self.store, self._scanned.get(p))
+                           for p, snap in snapshot.partitions.items()}
             except WalObjectGone:
                 continue
+            self._scanned = scanned
+            return TopicSnapshot(snapshot.topic, snapshot.topic_id, scanned)
         raise TopicNotFound(f"{self.topic}: WAL objects kept vanishing while they were read "
                             f"({_RESNAPSHOTS} snapshots); run the query again")
 

@@ -90,18 +90,28 @@ def _from_segments(s: WalSlice, spec: StoreSpec, store) -> Iterator:
             yield batch
 
 
-def scan_transactions(snap: PartitionSnapshot, store) -> PartitionSnapshot:
+def scan_transactions(snap: PartitionSnapshot, store,
+                      previous: PartitionSnapshot | None = None) -> PartitionSnapshot:
     """The snapshot with what read_committed needs from its WAL ranges: transactions
     aborted there and the first offset of the oldest one still open at the end.
 
     Starts from the transactions open where the sealed data ends (`open_txns`); a
     producer has one transaction at a time, so its first transactional batch opens one
-    and its next marker ends it. Raises `WalObjectGone` if an object was collected."""
+    and its next marker ends it. `previous`, this partition's last scanned snapshot (a
+    stream's previous trigger), is continued when nothing sealed since: only the WAL
+    ranges committed after it are read. Raises `WalObjectGone` if an object was collected."""
     if not snap.wal:
         return snap
     open_txns = dict(snap.open_txns)
     aborted: list[AbortedTxn] = []
     done = snap.sealed_end  # batches below this were seen in the segments
+    parts = snap.wal
+    if (previous is not None and previous.wal and previous.sealed_end == snap.sealed_end
+            and previous.open_txns == snap.open_txns and snap.wal[:len(previous.wal)] == previous.wal):
+        open_txns = dict(previous.wal_open_txns)
+        aborted = list(previous.wal_aborted)
+        done = previous.high_watermark
+        parts = snap.wal[len(previous.wal):]
 
     def take(h: BatchHeader) -> Take:
         if h.base_offset < done or h.producer_id < 0 or not h.is_transactional:
@@ -112,7 +122,7 @@ def scan_transactions(snap: PartitionSnapshot, store) -> PartitionSnapshot:
         return Take.SKIP
 
     get = getter(store)
-    for part in snap.wal:
+    for part in parts:
         try:
             for batch in read_sync(_walk_part(part, take, part.length), get):
                 h = batch.header
@@ -122,5 +132,5 @@ def scan_transactions(snap: PartitionSnapshot, store) -> PartitionSnapshot:
         except (_Missing, ObjectNotFound):
             raise WalObjectGone(part.key) from None
         done = max(done, part.last_offset + 1)
-    return replace(snap, wal_aborted=tuple(aborted),
+    return replace(snap, wal_aborted=tuple(aborted), wal_open_txns=tuple(sorted(open_txns.items())),
                    wal_open_txn_offset=min(open_txns.values(), default=-1))

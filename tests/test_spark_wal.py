@@ -376,7 +376,13 @@ def test_read_committed_planning_finds_wal_transactions(tmp_path, monkeypatch):
     assert scanned.wal_aborted == (AbortedTxn(7, 11, 13), AbortedTxn(5, 3, 15))
     assert scanned.wal_open_txn_offset == 17 and scanned.stable_end == 17
     assert scanned.high_watermark == 19
+    # A stream's next trigger continues its last scan: only the newly committed range is read.
     monkeypatch.setenv(TRACE_ENV, str(TRACE_FILE))
+    earlier = scan_transactions(replace(snap, wal=tuple(parts[:2])), store)
+    assert earlier.wal_open_txn_offset == 14
+    with reads_traced() as reads:
+        assert scan_transactions(snap, store, earlier) == scanned
+    assert reads and {key for key, _, _ in reads} == {parts[2].key}
     with reads_traced() as reads:
         rows = [r for s in plan(TopicSnapshot("t", topic_id, {0: scanned}), options, store)
                 for b in read_input(s, options.store) for r in b.to_pylist()]
