@@ -278,8 +278,8 @@ class CoordinatorMetadata:
                 raise TopicNotFound(f"no topic {self.topic!r} in the coordinator at {self.url} "
                                     "(wrong topic, or wrong coordinator)")
             partitions = {}
-            for p in range(info.partitions) if only is None else [only]:
-                state, entries, ranges = await store.log_view(info.topic_id, p)
+            views = await store.log_views(info.topic_id, range(info.partitions) if only is None else [only])
+            for p, (state, entries, ranges) in views.items():
                 producers = entries[-1].producers if entries else {}
                 open_txns = tuple(sorted((int(pid), int(e["txn"])) for pid, e in producers.items()
                                          if isinstance(e, dict) and "txn" in e))
