@@ -1095,6 +1095,26 @@ class KVClusterStore:
             raise Fenced(f"segment {entry.key_base} of {topic_id}/{partition} not committed: "
                          f"leader epoch is {now}, not {leader_epoch}")
 
+    async def log_views(self, topic_id: uuid.UUID, partitions: Iterable[int]
+                        ) -> dict[int, tuple[LogState, list[SegmentEntry], list[tuple[str, WalRange]]]]:
+        """Per partition: log state, segments and the WAL ranges after them, all as of one
+        revision (separate calls could straddle a seal and miss the range it moved) and for
+        one refresh; for readers outside the gateways (Spark)."""
+        await self._sync()
+        if topic_id not in self._index.topics:
+            raise UnknownTopic(str(topic_id))
+        out = {}
+        for p in partitions:
+            tp = (topic_id, p)
+            segs = self._index.segments.get(tp, {})
+            sealed = self._index.seg_last(tp)
+            wal = sorted(((r.base_offset, ws, key, r)
+                          for ws, (key, rs) in self._index.by_tp.get(tp, {}).items() for r in rs
+                          if r.last_offset > sealed), key=lambda f: (f[0], f[1]))
+            out[p] = (self._index.log_state(tp), [segs[b] for b in sorted(segs)],
+                      [(key, r) for _, _, key, r in wal])
+        return out
+
     async def segments(self, topic_id: uuid.UUID, partition: int) -> list[SegmentEntry]:
         await self._sync()
         segs = self._index.segments.get((topic_id, partition), {})

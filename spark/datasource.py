@@ -1,4 +1,5 @@
-"""`spark.read.format("stratalog")`: Spark reads sealed segments straight from the bucket.
+"""`spark.read.format("stratalog")`: Spark reads a topic straight from the bucket, sealed
+segments then committed WAL ranges (`spark.walread`), up to the high watermark.
 
 Examples
 --------
@@ -20,16 +21,16 @@ from pyspark.sql.datasource import DataSource, DataSourceReader
 
 from stratalog.spark.metadata import open_metadata
 from stratalog.spark.options import parse_options
-from stratalog.spark.planning import SegmentSlice, plan
-from stratalog.spark.reading import read_slice
+from stratalog.spark.planning import plan
+from stratalog.spark.reading import read_input
 from stratalog.spark.schema import SPARK_SCHEMA
 
 NAME = "stratalog"
 
 
 class StratalogDataSource(DataSource):
-    """Batch and streaming reads of a Stratalog topic's sealed segments; writes through
-    gateways (`spark.sink`)."""
+    """Batch and streaming reads of a Stratalog topic, up to its high watermark; writes
+    through gateways (`spark.sink`)."""
 
     @classmethod
     def name(cls) -> str:
@@ -58,7 +59,8 @@ class StratalogDataSource(DataSource):
 
 
 class StratalogReader(DataSourceReader):
-    """Plans one slice per sealed segment (or byte range of a large one) and reads it.
+    """Plans one slice per sealed segment (or byte range of a large one) and per committed
+    WAL range, and reads it.
 
     Parameters
     ----------
@@ -72,10 +74,12 @@ class StratalogReader(DataSourceReader):
     def partitions(self):
         store = self.options.store.open()
         meta = open_metadata(store, self.options.topic, coordinator=self.options.coordinator,
-                             topic_id=self.options.topic_id)
-        return plan(meta.snapshot(), self.options, store)
+                             topic_id=self.options.topic_id, read_committed=self.options.read_committed)
+        try:
+            return plan(meta.snapshot(), self.options, store)
+        finally:
+            if hasattr(meta, "close"):
+                meta.close()
 
     def read(self, partition):
-        if not isinstance(partition, SegmentSlice):
-            return iter(())  # Spark's stand-in partition when nothing matched
-        return read_slice(partition, self.options.store)
+        return read_input(partition, self.options.store)

@@ -1,5 +1,6 @@
-"""What a topic holds in sealed segments: from the newest Avro manifest of each partition,
-or, when asked, live from the coordinator (etcd).
+"""What a topic holds: its sealed segments from the newest Avro manifest of each partition,
+or, from a coordinator (etcd, or the embedded one read-only), its segments and the
+committed WAL ranges after them, up to the high watermark.
 
 Both give a `TopicSnapshot`; planning never cares where it came from. Manifests are read
 with one LIST per topic plus one GET per partition whose newest manifest changed since the
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from stratalog.tiering import layout
 from stratalog.tiering.errors import CorruptObject
 from stratalog.tiering.manifest import SegmentRecord, read_manifest
+from stratalog.tiering.txn import AbortedTxn
 
 from stratalog.spark.objects import ObjectNotFound
 
@@ -24,13 +26,38 @@ class TopicNotFound(LookupError):
 
 
 @dataclass(frozen=True)
+class WalPart:
+    """One committed range of a partition's batches inside a WAL object: bytes
+    [position, position + length) of `key`, offsets base_offset..last_offset."""
+
+    key: str
+    base_offset: int
+    last_offset: int
+    position: int
+    length: int
+    max_timestamp: int
+    format_version: int = 1
+
+
+@dataclass(frozen=True)
 class PartitionSnapshot:
-    """One partition's sealed segments (sorted, non-overlapping) and its log start offset."""
+    """One partition's sealed segments (sorted, non-overlapping), its log start offset and,
+    from the coordinator, the committed WAL ranges after the last segment (`wal`, sorted).
+
+    `open_txns` are the (producer id, first offset) of the transactions open where the
+    sealed data ends; `wal_aborted` and `wal_open_txn_offset` are what a read_committed
+    scan of the WAL ranges found (`spark.walread.scan_transactions`): the transactions
+    aborted there and the first offset of the oldest still open at the high watermark."""
 
     partition: int
     log_start_offset: int
     segments: tuple[SegmentRecord, ...]
     version: int = -1  # the manifest version it came from; -1 from the coordinator
+    wal: tuple[WalPart, ...] = ()
+    open_txns: tuple[tuple[int, int], ...] = ()
+    wal_aborted: tuple[AbortedTxn, ...] = ()
+    wal_open_txn_offset: int = -1
+    wal_open_txns: tuple[tuple[int, int], ...] = ()  # (producer id, first offset) open at the end
 
     @property
     def sealed_end(self) -> int:
@@ -38,21 +65,32 @@ class PartitionSnapshot:
         return self.segments[-1].last_offset + 1 if self.segments else self.log_start_offset
 
     @property
+    def high_watermark(self) -> int:
+        """One past the last committed offset: the end of the WAL ranges, else of the
+        sealed data (exactly what a read_uncommitted consumer can reach)."""
+        return max(self.sealed_end, self.wal[-1].last_offset + 1) if self.wal else self.sealed_end
+
+    @property
     def stable_end(self) -> int:
         """Where read_committed reads stop: the first offset of the oldest transaction
-        still open where the sealed data ends, or the end of the sealed data."""
+        still open at the high watermark, or the high watermark."""
+        if self.wal:
+            last = self.wal_open_txn_offset
+            return last if last >= 0 else self.high_watermark
         last = self.segments[-1].open_txn_offset if self.segments else -1
         return last if last >= 0 else self.sealed_end
 
     def end(self, read_committed: bool) -> int:
-        return self.stable_end if read_committed else self.sealed_end
+        return self.stable_end if read_committed else self.high_watermark
 
     @property
     def start(self) -> int:
-        """First readable sealed offset."""
-        if not self.segments:
-            return self.log_start_offset
-        return max(self.log_start_offset, self.segments[0].base_offset)
+        """First readable offset."""
+        if self.segments:
+            return max(self.log_start_offset, self.segments[0].base_offset)
+        if self.wal:
+            return max(self.log_start_offset, self.wal[0].base_offset)
+        return self.log_start_offset
 
 
 @dataclass(frozen=True)
@@ -150,50 +188,151 @@ class ManifestMetadata:
 
 
 class CoordinatorMetadata:
-    """Reads a topic's committed segments live from an etcd coordinator.
+    """Reads a topic's committed segments and WAL ranges live from its coordinator.
 
-    The embedded coordinator is refused: its database belongs to the gateway process that
-    opened it, so readers plan from manifests instead.
+    `url` is ``etcd://host:port[,host:port]`` or the data directory of a gateway running
+    the embedded coordinator, opened read-only beside it (`coordinator.embedded.
+    EmbeddedReader`: no lock, one consistent revision per read). With `read_committed`,
+    each snapshot also reads the WAL ranges through `store` to find their transactions.
     """
 
-    def __init__(self, url: str, topic: str) -> None:
-        if not isinstance(url, str) or not url.startswith("etcd://"):
-            raise ValueError(f"coordinator must be etcd://host:port[,host:port], got {url!r} "
-                             "(the embedded coordinator is private to its gateway: omit the "
-                             "coordinator option to plan from manifests)")
-        self.url = url
+    def __init__(self, url: str, topic: str, store=None, read_committed: bool = False) -> None:
+        self.url = check_coordinator(url)
         self.topic = topic
+        self.store = store
+        self.read_committed = read_committed
+        # Kept between snapshots (a stream takes one per trigger): the cluster store's index
+        # then refreshes with only the keys changed since, not the whole keyspace.
+        self._loop = None
+        self._cluster = None
+        self._scanned: dict[int, PartitionSnapshot] = {}  # read_committed: last scan per partition
 
-    def snapshot(self) -> TopicSnapshot:
+    def _run(self, work):
         import asyncio
 
-        return asyncio.run(self._snapshot())
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(work)
 
-    async def _snapshot(self) -> TopicSnapshot:
+    def close(self) -> None:
+        """Close the coordinator connection (a later snapshot opens it again)."""
+        if self._loop is None:
+            return
+        if self._cluster is not None:
+            self._loop.run_until_complete(self._cluster.close())
+            self._cluster = None
+        self._loop.close()
+        self._loop = None
+
+    def snapshot(self) -> TopicSnapshot:
+        """Every partition; a WAL object collected while it was scanned (its range sealed
+        meanwhile) makes it take a newer snapshot."""
+        from stratalog.spark.walread import WalObjectGone, scan_transactions
+
+        for _ in range(_RESNAPSHOTS):
+            snapshot = self._run(self._snapshot())
+            if not self.read_committed:
+                return snapshot
+            try:
+                scanned = {p: scan_transactions(snap, self.store, self._scanned.get(p))
+                           for p, snap in snapshot.partitions.items()}
+            except WalObjectGone:
+                continue
+            self._scanned = scanned
+            return TopicSnapshot(snapshot.topic, snapshot.topic_id, scanned)
+        raise TopicNotFound(f"{self.topic}: WAL objects kept vanishing while they were read "
+                            f"({_RESNAPSHOTS} snapshots); run the query again")
+
+    def partition(self, topic_id: str, partition: int) -> PartitionSnapshot | None:
+        """One partition of the topic incarnation `topic_id`; None once it is gone."""
+        try:
+            snapshot = self._run(self._snapshot(only=partition))
+        except TopicNotFound:
+            return None
+        finally:
+            self.close()
+        if str(snapshot.topic_id) != topic_id:
+            return None
+        return snapshot.partitions.get(partition)
+
+    def _open(self):
         import tempfile
         from pathlib import Path
 
-        from stratalog.coordinator import open_coordinator
+        from stratalog.coordinator import KVClusterStore, open_coordinator
+        from stratalog.coordinator.embedded import EmbeddedReader
+
+        if self.url.startswith("etcd://"):
+            return open_coordinator(self.url, Path(tempfile.gettempdir()))
+        return KVClusterStore(EmbeddedReader(Path(self.url)))
+
+    async def _snapshot(self, only: int | None = None) -> TopicSnapshot:
         from stratalog.engine.sealing import segment_record
 
-        store = open_coordinator(self.url, Path(tempfile.gettempdir()))
+        if self._cluster is None:
+            self._cluster = self._open()
+        store = self._cluster
         try:
             info = await store.topic(self.topic)
             if info is None:
-                raise TopicNotFound(f"the coordinator at {self.url} has no topic {self.topic!r}")
+                raise TopicNotFound(f"no topic {self.topic!r} in the coordinator at {self.url} "
+                                    "(wrong topic, or wrong coordinator)")
             partitions = {}
-            for p in range(info.partitions):
-                state = await store.log_state(info.topic_id, p)
-                entries = await store.segments(info.topic_id, p)
-                records = tuple(segment_record(e) for e in entries)
-                partitions[p] = PartitionSnapshot(p, state.log_start_offset, records)
+            views = await store.log_views(info.topic_id, range(info.partitions) if only is None else [only])
+            for p, (state, entries, ranges) in views.items():
+                producers = entries[-1].producers if entries else {}
+                open_txns = tuple(sorted((int(pid), int(e["txn"])) for pid, e in producers.items()
+                                         if isinstance(e, dict) and "txn" in e))
+                wal = tuple(WalPart(key, r.base_offset, r.last_offset, r.position, r.length,
+                                    r.max_timestamp, r.format_version) for key, r in ranges)
+                partitions[p] = PartitionSnapshot(p, state.log_start_offset,
+                                                  tuple(segment_record(e) for e in entries),
+                                                  wal=wal, open_txns=open_txns)
             return TopicSnapshot(info.name, info.topic_id, partitions)
-        finally:
+        except BaseException:
+            self._cluster = None  # reopened next time: the connection may be what failed
             await store.close()
+            raise
 
 
-def open_metadata(store, topic: str, *, coordinator: str | None = None, topic_id: str | None = None):
+_RESNAPSHOTS = 5
+
+
+def check_coordinator(url: str) -> str:
+    """An etcd URL as given, or an embedded coordinator's data directory as an absolute
+    path (given as a path or a file:// URL); ValueError for anything else."""
+    from pathlib import Path
+    from urllib.parse import unquote, urlsplit
+
+    if not isinstance(url, str) or not url:
+        raise ValueError(f"coordinator must be etcd://host:port or a gateway's data directory, got {url!r}")
+    if url.startswith("etcd://"):
+        return url
+    path = unquote(urlsplit(url).path) if url.startswith("file://") else url
+    if "://" in path or not Path(path).is_absolute():
+        raise ValueError(f"coordinator must be etcd://host:port[,host:port] or the absolute path "
+                         f"of a gateway's data directory (embedded coordinator), got {url!r}")
+    return str(Path(path))
+
+
+def embedded_beside(store_url: str) -> str | None:
+    """The data directory of `stratalog serve`'s default layout (objects in
+    `<data>/objects`, the embedded coordinator in `<data>`), when `store_url` is one."""
+    from pathlib import Path
+    from urllib.parse import unquote, urlsplit
+
+    from stratalog.coordinator.embedded import DB_FILE
+
+    parts = urlsplit(store_url)
+    if parts.scheme != "file":
+        return None
+    data = Path(unquote(parts.path)).parent
+    return str(data) if (data / DB_FILE).is_file() else None
+
+
+def open_metadata(store, topic: str, *, coordinator: str | None = None, topic_id: str | None = None,
+                  read_committed: bool = False):
     """The metadata reader the options ask for: manifests unless a coordinator is named."""
     if coordinator:
-        return CoordinatorMetadata(coordinator, topic)
+        return CoordinatorMetadata(coordinator, topic, store, read_committed)
     return ManifestMetadata(store, topic, topic_id)

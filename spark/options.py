@@ -13,15 +13,19 @@ Names follow Spark's Kafka source where it has the option:
     startingTimestamp   ms since the epoch, or JSON {"<topic>": {"<partition>": ms}}: start at
                         the first record whose timestamp is >= it (Kafka's offsetsForTimes)
     endingTimestamp     same form: end before the first record whose timestamp is >= it
-    coordinator         etcd://host:port: plan from live coordinator metadata, not manifests
+    coordinator         etcd://host:port, or a gateway's data directory (embedded
+                        coordinator, read-only): plan segments and committed WAL ranges
+                        from it, up to the high watermark. Default: the embedded
+                        coordinator beside a `file://<data>/objects` store when there is
+                        one; `none` plans sealed segments from the manifests only
     topicId             pick one topic id when old incarnations of the topic remain
     failOnDataLoss      true (default): fail when planned data is gone (retention ran)
     maxBytesPerPartition  split larger segments into byte ranges (default 128 MiB)
     readChunkBytes      size of each ranged GET (default 8 MiB)
     maxOffsetsPerTrigger  stream: cap on records per micro-batch, spread over partitions
 
-Only sealed segments are visible: records still in a gateway's active segment appear once
-it seals (within `segment.ms`). Filters in queries are evaluated by Spark, not pushed down
+With a coordinator, reads reach the high watermark (sealed segments, then the committed
+WAL ranges after them); from manifests alone only sealed segments are visible. Filters in queries are evaluated by Spark, not pushed down
 (see `spark.planning`): these options are how a read skips partitions, segments and bytes.
 """
 
@@ -225,7 +229,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool = False) -> Rea
         ending=ending,
         starting_timestamp=parse_timestamp("startingTimestamp", options.get("startingTimestamp"), topic),
         ending_timestamp=parse_timestamp("endingTimestamp", options.get("endingTimestamp"), topic),
-        coordinator=options.get("coordinator") or None,
+        coordinator=_coordinator(options.get("coordinator"), store),
         topic_id=options.get("topicId") or None,
         fail_on_data_loss=_bool(options, "failOnDataLoss", True),
         max_bytes_per_partition=_positive(options, "maxBytesPerPartition", 128 << 20),
@@ -234,6 +238,22 @@ def parse_options(options: Mapping[str, str], *, streaming: bool = False) -> Rea
         partitions=partitions,
         read_committed=_isolation(options),
     )
+
+
+def _coordinator(value, store: StoreSpec) -> str | None:
+    """Where committed WAL ranges and segments are planned from: the named coordinator,
+    the embedded one beside a `stratalog serve` data directory's objects, or none (`none`:
+    sealed segments from the manifests only)."""
+    from stratalog.spark.metadata import check_coordinator, embedded_beside
+
+    if value is None or value == "":
+        return embedded_beside(store.url)
+    if str(value).lower() == "none":
+        return None
+    try:
+        return check_coordinator(str(value))
+    except ValueError as exc:
+        raise OptionError(f"option coordinator: {exc}") from None
 
 
 ISOLATION_LEVELS = ("read_uncommitted", "read_committed")

@@ -62,9 +62,38 @@ class SegmentSlice(InputPartition):
     aborted: tuple[tuple[int, int, int], ...] = ()
 
 
+@dataclass
+class WalSlice(InputPartition):
+    """One committed WAL range of a partition: bytes ``[position, position + length)`` of
+    the WAL object `key`, read with ranged GETs of `chunk_bytes`, offsets
+    ``[start_offset, end_offset)`` kept (bounds and `aborted` as in `SegmentSlice`).
+
+    `coordinator` and `topic_id` let the executor re-plan the slice from the segment that
+    holds its offsets when the WAL object was collected after planning (its range sealed).
+    """
+
+    topic: str
+    partition: int
+    key: str
+    position: int
+    length: int
+    base_offset: int
+    last_offset: int
+    format_version: int
+    start_offset: int
+    end_offset: int
+    topic_id: str
+    coordinator: str
+    seek_ts: int | None = None
+    stop_ts: int | None = None
+    fail_on_data_loss: bool = True
+    chunk_bytes: int = 8 << 20
+    aborted: tuple[tuple[int, int, int], ...] = ()
+
+
 def resolve_range(snap: PartitionSnapshot, options: ReadOptions, *, fail_on_data_loss: bool) -> tuple[int, int]:
     """[start, end) offsets of one partition that the offset options ask for."""
-    first, end_of_sealed = snap.start, snap.end(options.read_committed)
+    first, end_of_sealed = snap.start, snap.end(options.read_committed)  # HW or LSO with WAL ranges
     wanted = options.starting.for_partition(snap.partition)
     if wanted == EARLIEST:
         start = first
@@ -82,8 +111,10 @@ def resolve_range(snap: PartitionSnapshot, options: ReadOptions, *, fail_on_data
 
 
 def plan_partition(snap: PartitionSnapshot, topic: str, start: int, end: int,
-                   options: ReadOptions, store=None) -> list[SegmentSlice]:
-    """Slices of one partition covering offsets [start, end).
+                   options: ReadOptions, store=None,
+                   topic_id: str = "") -> list[SegmentSlice | WalSlice]:
+    """Slices of one partition covering offsets [start, end): its segments, then its
+    committed WAL ranges (one slice each).
 
     `store` is needed only to split segments larger than maxBytesPerPartition (it reads
     their `.index`); without it every segment is one slice.
@@ -94,7 +125,8 @@ def plan_partition(snap: PartitionSnapshot, topic: str, start: int, end: int,
     stop_ts = options.ending_timestamp.for_partition(snap.partition) if options.ending_timestamp else None
     slices = []
     seek_pending, stop_done = seek_ts is not None, False
-    aborted = aborted_transactions(snap, start, end, store) if options.read_committed else []
+    aborted = (aborted_transactions(snap, start, end, store) + list(snap.wal_aborted)
+               if options.read_committed else [])
     for seg in snap.segments:
         if stop_done:
             break
@@ -119,6 +151,28 @@ def plan_partition(snap: PartitionSnapshot, topic: str, start: int, end: int,
                           if a.first_offset < min(end, seg.last_offset + 1)
                           and a.last_offset >= max(start, seg.base_offset)))
         slices.extend(_split(base, options.max_bytes_per_partition, store))
+    reached = snap.sealed_end  # a range may begin inside the last segment: keep what follows it
+    for part in snap.wal:
+        lo, hi = max(start, part.base_offset, reached), min(end, part.last_offset + 1)
+        reached = max(reached, part.last_offset + 1)
+        if stop_done or lo >= hi:
+            continue
+        part_seek = part_stop = None
+        if seek_pending:
+            if part.max_timestamp < seek_ts:
+                continue
+            part_seek, seek_pending = seek_ts, False
+        if stop_ts is not None and part.max_timestamp >= stop_ts:
+            part_stop, stop_done = stop_ts, True
+        slices.append(WalSlice(
+            topic=topic, partition=snap.partition, key=part.key, position=part.position,
+            length=part.length, base_offset=part.base_offset, last_offset=part.last_offset,
+            format_version=part.format_version, start_offset=lo, end_offset=hi,
+            topic_id=topic_id, coordinator=options.coordinator or "", seek_ts=part_seek,
+            stop_ts=part_stop, fail_on_data_loss=options.fail_on_data_loss,
+            chunk_bytes=options.read_chunk_bytes,
+            aborted=tuple((a.producer_id, a.first_offset, a.last_offset) for a in aborted
+                          if a.first_offset < hi and a.last_offset >= lo)))
     return slices
 
 
@@ -163,14 +217,15 @@ def plan(snapshot: TopicSnapshot, options: ReadOptions, store=None) -> list[Segm
     slices = []
     for _, snap in sorted(snapshot.only(options.partitions).partitions.items()):
         start, end = resolve_range(snap, options, fail_on_data_loss=options.fail_on_data_loss)
-        slices.extend(plan_partition(snap, snapshot.topic, start, end, options, store))
+        slices.extend(plan_partition(snap, snapshot.topic, start, end, options, store,
+                                     str(snapshot.topic_id)))
     return slices
 
 
 def first_offset_at(snap: PartitionSnapshot, options: ReadOptions, ts: int, store) -> int:
-    """Offset of the partition's first sealed record with timestamp >= `ts` (Kafka's
-    offsetsForTimes), or the end of its sealed data when there is none."""
-    from stratalog.spark.reading import read_slice
+    """Offset of the partition's first record with timestamp >= `ts` (Kafka's
+    offsetsForTimes), or its end (high watermark) when there is none."""
+    from stratalog.spark.reading import read_input, read_slice
 
     for seg in snap.segments:
         if seg.max_timestamp < ts or seg.last_offset < snap.start:
@@ -183,4 +238,13 @@ def first_offset_at(snap: PartitionSnapshot, options: ReadOptions, ts: int, stor
             fail_on_data_loss=options.fail_on_data_loss, chunk_bytes=1 << 20)
         for batch in read_slice(probe, options.store, store):
             return batch.column("offset")[0].as_py()
-    return snap.sealed_end
+    probe_options = replace(options, starting_timestamp=None, ending_timestamp=None)
+    for part in snap.wal:
+        if part.max_timestamp < ts:
+            continue
+        for wal_slice in plan_partition(replace(snap, segments=(), wal=(part,)), options.topic,
+                                        snap.sealed_end, part.last_offset + 1, probe_options, store):
+            wal_slice.seek_ts = ts
+            for batch in read_input(wal_slice, options.store, store):
+                return batch.column("offset")[0].as_py()
+    return snap.high_watermark

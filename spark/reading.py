@@ -17,13 +17,13 @@ from typing import Iterator
 
 from stratalog.tiering import layout
 from stratalog.tiering.batch import LOG_APPEND_TIME, BatchHeader, CorruptBatch, decode_records
-from stratalog.tiering.sealed import CorruptSegment, Get, SegmentObject, Take, read_sync, walk
+from stratalog.tiering.sealed import Batch, CorruptSegment, Get, SegmentObject, Take, read_sync, walk
 
 from stratalog.spark.objects import ObjectNotFound, StoreSpec
-from stratalog.spark.planning import DataLoss, SegmentSlice
+from stratalog.spark.planning import DataLoss, SegmentSlice, WalSlice
 from stratalog.spark.schema import ArrowColumns
 
-__all__ = ["CorruptSegment", "read_slice"]
+__all__ = ["CorruptSegment", "read_input", "read_slice"]
 
 ROWS_PER_BATCH = 8192
 
@@ -40,25 +40,39 @@ class _Missing(Exception):
         self.key = key
 
 
-def read_slice(s: SegmentSlice, spec: StoreSpec, store=None) -> Iterator:
-    """Arrow record batches (the Kafka-source schema) of one slice."""
-    store = store or spec.open()
+def read_input(partition, spec: StoreSpec, store=None) -> Iterator:
+    """Arrow record batches of one planned input partition, segment or WAL range."""
+    if isinstance(partition, SegmentSlice):
+        return read_slice(partition, spec, store)
+    if isinstance(partition, WalSlice):
+        from stratalog.spark.walread import read_wal_slice
 
+        return read_wal_slice(partition, spec, store)
+    return iter(())  # Spark's stand-in partition when nothing matched
+
+
+def getter(store):
+    """A `Get` driver over a blocking store; a missing object raises `_Missing`."""
     def get(g: Get) -> bytes:
         try:
             return store.get(g.key) if g.start is None else store.get(g.key, g.start, g.end)
         except ObjectNotFound:
             raise _Missing(g.key) from None
+    return get
 
+
+def read_slice(s: SegmentSlice, spec: StoreSpec, store=None) -> Iterator:
+    """Arrow record batches (the Kafka-source schema) of one slice."""
+    store = store or spec.open()
     try:
-        yield from _read_records(s, get)
+        yield from records_of(s, read_sync(_walk(s), getter(store)), s.key_base + layout.LOG)
     except _Missing as missing:
         if s.fail_on_data_loss:
             raise _gone(s, missing.key) from None
 
 
-def _walk(s: SegmentSlice):
-    seg = SegmentObject(s.key_base, s.base_offset, s.last_offset, s.size)
+def batch_filter(s: SegmentSlice | WalSlice):
+    """The walk's `take` for a slice: which batches to fetch, skip, or stop before."""
     start_offset, end_offset, seek_ts, aborted = s.start_offset, s.end_offset, s.seek_ts, s.aborted
 
     def take(h: BatchHeader) -> Take:
@@ -71,6 +85,12 @@ def _walk(s: SegmentSlice):
             return Take.SKIP  # a batch of an aborted transaction (read_committed)
         return Take.TAKE
 
+    return take
+
+
+def _walk(s: SegmentSlice):
+    seg = SegmentObject(s.key_base, s.base_offset, s.last_offset, s.size)
+    seek_ts, take = s.seek_ts, batch_filter(s)
     if s.byte_end is not None:  # planned byte ranges already start where they should
         return walk(seg, take, position=s.byte_start, end=s.byte_end, chunk_bytes=s.chunk_bytes)
     return walk(seg, take, position=s.byte_start, chunk_bytes=s.chunk_bytes,
@@ -78,17 +98,19 @@ def _walk(s: SegmentSlice):
                 seek_ts=seek_ts if seek_ts is not None and seek_ts > s.min_timestamp else None)
 
 
-def _read_records(s: SegmentSlice, get) -> Iterator:
+def records_of(s: SegmentSlice | WalSlice, batches: Iterator[Batch], key: str) -> Iterator:
+    """Arrow record batches of the slice's records in `batches` (read from object `key`),
+    each batch's CRC checked as it is decoded."""
     out = ArrowColumns(s.topic, s.partition)
     seek_ts, stop_ts = s.seek_ts, s.stop_ts
     start_offset, end_offset = s.start_offset, s.end_offset
-    for batch in read_sync(_walk(s), get):
+    for batch in batches:
         h = batch.header
         try:
             records = decode_records(batch.data)
         except CorruptBatch as exc:
-            raise CorruptSegment(f"{s.key_base}{layout.LOG} batch at byte {batch.position} "
-                                 f"(offset {h.base_offset}): {exc}", key=s.key_base + layout.LOG,
+            raise CorruptSegment(f"{key} batch at byte {batch.position} "
+                                 f"(offset {h.base_offset}): {exc}", key=key,
                                  position=batch.position, offset=h.base_offset) from exc
         timestamp_type = 1 if h.timestamp_type == LOG_APPEND_TIME else 0
         if stop_ts is None and seek_ts is None and start_offset <= h.base_offset and h.last_offset < end_offset:
@@ -103,7 +125,7 @@ def _read_records(s: SegmentSlice, get) -> Iterator:
     yield from out.flush()
 
 
-def _add_filtered(out: ArrowColumns, records, timestamp_type: int, s: SegmentSlice,
+def _add_filtered(out: ArrowColumns, records, timestamp_type: int, s: SegmentSlice | WalSlice,
                   seek_ts: int | None, stop_ts: int | None) -> tuple[bool, int | None]:
     """Add the records of one batch within the slice's offsets and timestamps.
 

@@ -1,9 +1,11 @@
-"""`spark.readStream.format("stratalog")`: micro-batches of newly sealed segments.
+"""`spark.readStream.format("stratalog")`: micro-batches of newly committed records.
 
 An offset is ``{"<topic>": {"<partition>": next_offset}}``: for each partition, the offset
-after the last sealed record the stream has reached. Each trigger re-reads the newest
-manifests (a LIST per topic, a GET per changed manifest) and moves every partition's
-offset to the end of its sealed segments, so records appear once their segment seals.
+after the last record the stream has reached. Each trigger re-reads the topic's metadata
+and moves every partition's offset to its end: with a coordinator (`spark.metadata`), the
+high watermark (read_committed: the last stable offset), so records appear within a
+trigger of their WAL flush; from manifests alone (a LIST per topic, a GET per changed
+manifest), the end of the sealed segments, so records appear once their segment seals.
 Micro-batch boundaries are offsets, not segment names: re-planning a batch after a
 restart, even after a compaction swapped the segments underneath, reads the same offsets.
 With a checkpointed file sink each record lands exactly once.
@@ -29,7 +31,7 @@ from stratalog.spark.planning import DataLoss, first_offset_at, plan_partition
 
 
 class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Offsets are per-partition next offsets of sealed data; see the module docstring."""
+    """Offsets are per-partition next offsets of committed data; see the module docstring."""
 
     def __init__(self, options: dict) -> None:
         self.options = parse_options(options, streaming=True)
@@ -46,7 +48,8 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             self._store = self.options.store.open()
             self._meta = open_metadata(self._store, self.options.topic,
                                        coordinator=self.options.coordinator,
-                                       topic_id=self.options.topic_id)
+                                       topic_id=self.options.topic_id,
+                                       read_committed=self.options.read_committed)
         try:
             return self._meta.snapshot().only(self.options.partitions)
         except TopicNotFound:
@@ -122,13 +125,18 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                                f"the log now starts at {snap.start} (retention removed records "
                                "before they were read); set failOnDataLoss=false to skip them")
             slices.extend(plan_partition(snap, self.options.topic, max(first, snap.start), stop,
-                                         self._plain, self._store))
+                                         self._plain, self._store, str(snapshot.topic_id)))
         return slices
 
     def read(self, partition):
-        from stratalog.spark.reading import read_slice
+        from stratalog.spark.reading import read_input
 
-        return read_slice(partition, self.options.store)
+        return read_input(partition, self.options.store)
+
+    def stop(self) -> None:
+        """Close the coordinator connection the triggers shared."""
+        if self._meta is not None and hasattr(self._meta, "close"):
+            self._meta.close()
 
     def commit(self, end: dict) -> None:
         """Nothing to release: offsets live in Spark's checkpoint, objects are immutable."""

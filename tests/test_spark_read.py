@@ -341,7 +341,8 @@ def test_missing_segment_fails_unless_data_loss_is_allowed(spark, file_cluster, 
     ({"topic": "codec-none", "endingOffsets": '{"codec-none": {"0": "x"}}'}, "endingOffsets"),
     ({"topic": "codec-none", "startingTimestamp": "-5"}, "startingTimestamp"),
     ({"topic": "codec-none", "pathStyle": "maybe"}, "pathStyle"),
-    ({"topic": "no-such-topic"}, "no manifest of topic"),
+    ({"topic": "no-such-topic"}, "no topic 'no-such-topic' in the coordinator"),
+    ({"topic": "no-such-topic", "coordinator": "none"}, "no manifest of topic"),
 ])
 def test_bad_options_fail_with_a_clear_message(spark, file_cluster, options, message):
     reader = spark.read.format("stratalog")

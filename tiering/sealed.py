@@ -37,6 +37,13 @@ class SegmentObject:
     base_offset: int
     last_offset: int
     size: int  # bytes of the .log object
+    # The object holding the batches when it is not `<key_base>.log`: a WAL object, whose
+    # range of one partition is walked from its position to its end like a segment's bytes.
+    object_key: str = ""
+
+    @property
+    def log_key(self) -> str:
+        return self.object_key or self.key_base + layout.LOG
 
 
 @dataclass(frozen=True)
@@ -88,7 +95,7 @@ def walk(seg: SegmentObject, take: Callable[[BatchHeader], Take], *,
             if index is None:
                 index = yield from _offset_index(seg)
             position = max(position, index.lookup(at)[1])
-    key = seg.key_base + layout.LOG
+    key = seg.log_key
     buf = _Window(key, seg.size, end, position, chunk_bytes)
     previous_end = seg.base_offset
     while position < end:
