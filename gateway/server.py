@@ -33,6 +33,7 @@ from .protocol.frames import UnknownApi, decode_request, encode_response_parts, 
 from .protocol.wire import DecodeError
 from .quotas.rules import REQUEST_PERCENTAGE
 from .quotas.throttling import client_backs_off, with_throttle
+from .stopping import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -130,9 +131,7 @@ class GatewayServer:
             self._sweeper.cancel()
         if self._server is not None:
             self._server.close()
-        for task in list(self._connections):
-            task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
+        await cancel_and_wait(list(self._connections))
         if self._server is not None:
             await self._server.wait_closed()
 
