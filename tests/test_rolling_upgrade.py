@@ -93,10 +93,14 @@ def restart(gw, release) -> None:
     code = gw.proc.wait(60)
     gw.stop()  # releases the process's pipes
     log = gw.log_tail()
-    # The previous release's WAL writer could miss the stop's wake-up when it came during a
-    # flush (fixed since): the stop then waited for shutdown.timeout.ms and exited 1, with
-    # everything acknowledged already committed. Today's build must stop cleanly.
-    known_hang = was is not None and code == 1 and "abandoned the WAL flush: a flush under way" in log
+    # The previous release could hang on SIGTERM under load until shutdown.timeout.ms and
+    # exit 1, with everything acknowledged already committed: its WAL writer missed a stop
+    # that came during a flush ("abandoned the WAL flush: a flush under way"; fixed since),
+    # and was also seen ending with "a stop step that did not end" on a group's coordinator
+    # (cause not identified in that release: it logs no more; today's build cancels again a
+    # task that swallowed its cancellation, and logs where a stop waits). Today's build
+    # must stop cleanly.
+    known_hang = was is not None and code == 1 and "stratalog: stopped without finishing: abandoned" in log
     assert code == 0 or known_hang, f"the gateway on {gw.bootstrap} ended with {code}:\n{log}"
     gw.release = release
     t0 = time.monotonic()
