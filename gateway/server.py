@@ -220,14 +220,17 @@ class GatewayServer:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
                 # The gateway is stopping: answers still being waited for (a long poll, a
-                # client that reads nothing) must not hold the stop up.
-                write_task.cancel()
+                # client that reads nothing) must not hold the stop up. Cancelled again if
+                # need be: a fetch long poll whose data arrived with the cancellation
+                # swallows it (asyncio.wait_for before 3.12), answers, and would then wait
+                # for the next request for ever (the previous release's stop hung so).
+                await cancel_and_wait([write_task], retry_s=0.1)
             else:
                 await responses.put(None)
-            try:
-                await write_task
-            except (Exception, asyncio.CancelledError):  # noqa: BLE001
-                pass
+                try:
+                    await write_task
+                except (Exception, asyncio.CancelledError):  # noqa: BLE001
+                    pass
 
     async def _handle(self, frame: bytes, peer: str, session: Session):
         started = time.perf_counter()
