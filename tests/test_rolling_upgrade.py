@@ -95,11 +95,11 @@ def restart(gw, release) -> None:
     gw.stop()  # releases the process's pipes
     log = gw.log_tail()
     # The previous release can hang on SIGTERM under load until shutdown.timeout.ms and
-    # exit 1, with everything acknowledged already committed. Its log then says "abandoned
-    # the WAL flush: a flush under way" (its WAL writer missed a stop that came during a
-    # flush; fixed since) or, in about a third of its stops here, "a stop step that did not
-    # end" (cause not found in that release, which logs nothing more; today's build logs
-    # where each unfinished task waits). Today's build must stop cleanly.
+    # exit 1, with everything acknowledged already committed, in two ways fixed since: its
+    # WAL writer missed a stop that came during a flush ("abandoned the WAL flush: a flush
+    # under way"), and an answer a connection waited for (a fetch long poll, say) swallowed
+    # the connection's cancellation, which then waited for ever ("a stop step that did not
+    # end", about one stop in three here). Today's build must stop cleanly.
     known_hang = was is not None and code == 1 and "stratalog: stopped without finishing: abandoned" in log
     assert code == 0 or known_hang, f"the gateway on {gw.bootstrap} ended with {code}:\n{log}"
     gw.release = release
