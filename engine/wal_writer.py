@@ -169,8 +169,11 @@ class WalWriter:
     async def _run(self) -> None:
         previous_start = self.clock()  # the spacing also counts from the start
         while True:
-            await self._wake.wait()
-            self._wake.clear()
+            # Once closing, nothing wakes this loop any more (stop's wake may already have
+            # been used by a flush it interrupted): flush what is left, then end.
+            if not self._closing:
+                await self._wake.wait()
+                self._wake.clear()
             p = self._pending
             if not p.done:
                 if self._closing:

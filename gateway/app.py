@@ -20,6 +20,7 @@ from .request_memory import RequestMemory
 from .http import HttpServer
 from .metrics import GatewayMetrics
 from .server import GatewayServer
+from .stopping import pending_tasks, suspended_at
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +239,8 @@ class Gateway:
             return
         left = self.work_in_progress() or ["a stop step that did not end"]
         message = f"after {bound:.1f}s (shutdown.timeout.ms): {'; '.join(left)}"
-        log.error("shutdown: abandoned %s", message)
+        log.error("shutdown: abandoned %s; the stop waits in %s; tasks still running: %s", message,
+                  suspended_at(stop), "; ".join(pending_tasks()) or "none")
         stop.cancel()
         await asyncio.wait({stop}, timeout=1.0)
         raise ShutdownAbandoned(message)

@@ -35,6 +35,7 @@ from .groups.consumer_membership import ConsumerGroupConfig
 from .quotas import ClientQuotas
 from .telemetry import ClientTelemetry
 from .reassignment import ReplicaAdmin
+from .stopping import cancel_and_wait
 from .topic_admin import TopicAdmin, TopicTable
 from .transactions import MarkerWriter, TransactionCoordinator
 
@@ -165,9 +166,7 @@ class Broker:
 
     async def stop(self, flush_timeout_s: float = 30) -> str | None:
         """Stop; returns what the WAL flush left uncommitted (None: nothing)."""
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
         await self.markers.stop()
         abandoned = await self.engine.stop(flush_timeout_s)
         await self.groups.stop()

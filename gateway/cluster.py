@@ -32,6 +32,7 @@ from typing import Callable
 from stratalog.coordinator.model import ClusterStore, Fenced, PartitionState, TopicInfo, UnknownTopic
 
 from .assignment import decide_assigned
+from .stopping import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +118,7 @@ class Membership:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait([self._task])
         if self.lease is not None:
             try:
                 await self.store.revoke_lease(self.lease)

@@ -34,6 +34,7 @@ from .protocol.frames import UnknownApi, decode_request, encode_response_parts, 
 from .protocol.wire import DecodeError
 from .quotas.rules import REQUEST_PERCENTAGE
 from .quotas.throttling import client_backs_off, with_throttle
+from .stopping import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -131,9 +132,7 @@ class GatewayServer:
             self._sweeper.cancel()
         if self._server is not None:
             self._server.close()
-        for task in list(self._connections):
-            task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
+        await cancel_and_wait(list(self._connections))
         if self._server is not None:
             await self._server.wait_closed()
 
@@ -225,14 +224,17 @@ class GatewayServer:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
                 # The gateway is stopping: answers still being waited for (a long poll, a
-                # client that reads nothing) must not hold the stop up.
-                write_task.cancel()
+                # client that reads nothing) must not hold the stop up. Cancelled again if
+                # need be: a fetch long poll whose data arrived with the cancellation
+                # swallows it (asyncio.wait_for before 3.12), answers, and would then wait
+                # for the next request for ever (the previous release's stop hung so).
+                await cancel_and_wait([write_task], retry_s=0.1)
             else:
                 await responses.put(None)
-            try:
-                await write_task
-            except (Exception, asyncio.CancelledError):  # noqa: BLE001
-                pass
+                try:
+                    await write_task
+                except (Exception, asyncio.CancelledError):  # noqa: BLE001
+                    pass
 
     async def _handle(self, frame: bytes, peer: str, session: Session,
                       behind: asyncio.Event | None = None):

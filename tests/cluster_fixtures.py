@@ -129,10 +129,11 @@ CLUSTER_SETTINGS = {"broker.session.timeout.ms": 2000, "wal.flush.ms": 20,
 
 def start_cluster(gateway_factory, etcd, tmp_path, n: int, *, s3: MotoS3 | None = None,
                   s3_endpoint: str | None = None, s3_endpoints: dict[int, str] | None = None,
-                  **settings):
+                  release: Path | None = None, **settings):
     """n gateways (broker ids 1..n) on one etcd and one object store: the moto bucket when
     `s3` is given, else a shared file:// store under tmp_path. `s3_endpoint` (all gateways)
-    or `s3_endpoints` (by broker id) put e.g. a fault proxy between gateways and moto."""
+    or `s3_endpoints` (by broker id) put e.g. a fault proxy between gateways and moto;
+    `release` runs another Stratalog version (see GatewayProcess)."""
     gws = []
     for i in range(1, n + 1):
         if s3 is not None:
@@ -142,7 +143,7 @@ def start_cluster(gateway_factory, etcd, tmp_path, n: int, *, s3: MotoS3 | None 
             store = ["--object-store", (tmp_path / "objects").as_uri()]
         gws.append(gateway_factory(
             settings={**CLUSTER_SETTINGS, **settings},
-            extra_args=["--coordinator", etcd.url, *store, "--broker-id", str(i)]))
+            extra_args=["--coordinator", etcd.url, *store, "--broker-id", str(i)], release=release))
     wait_until_all_see_each_other(gws)
     return gws
 

@@ -25,11 +25,15 @@ def pytest_collection_modifyitems(items) -> None:
 
 
 class GatewayProcess:
-    """One `stratalog serve` process; restartable on the same data directory and port."""
+    """One `stratalog serve` process; restartable on the same data directory and port.
+    `release` is the import root of another Stratalog version to run instead of this
+    checkout (tests/release_tree.py); setting it to None before a restart upgrades it."""
 
     def __init__(self, data_dir: Path, settings: dict[str, object] | None = None,
-                 extra_args: list[str] | None = None, port: int | None = None):
+                 extra_args: list[str] | None = None, port: int | None = None,
+                 release: Path | None = None):
         self.data_dir = data_dir
+        self.release = release
         self.port = port or free_port()
         self.settings = {"wal.flush.ms": 20, "group.initial.rebalance.delay.ms": 0,
                          "group.min.session.timeout.ms": 1000, **(settings or {})}
@@ -52,8 +56,12 @@ class GatewayProcess:
                              *self.extra_args, settings=self.settings)
 
     def start(self, timeout: float = 30) -> "GatewayProcess":
-        self.child = Child(f"gateway on {self.bootstrap}", self.command(), self.log_path, cwd=ROOT,
-                           env={**os.environ, "PYTHONUNBUFFERED": "1"}, new_session=False, stdout_pipe=True)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if self.release is not None:
+            # First on the path, and the working directory (which `python -m` puts first).
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.release), env.get("PYTHONPATH")]))
+        self.child = Child(f"gateway on {self.bootstrap}", self.command(), self.log_path,
+                           cwd=self.release or ROOT, env=env, new_session=False, stdout_pipe=True)
         line = self.child.popen.stdout.readline().decode()
         if "serving Kafka" not in line:
             self.child.kill9()
@@ -83,8 +91,9 @@ class GatewayProcess:
 def gateway_factory(tmp_path):
     started: list[GatewayProcess] = []
 
-    def make(settings=None, extra_args=None, data_dir=None) -> GatewayProcess:
-        gw = GatewayProcess(data_dir or tmp_path / f"data{len(started)}", settings, extra_args)
+    def make(settings=None, extra_args=None, data_dir=None, release=None) -> GatewayProcess:
+        gw = GatewayProcess(data_dir or tmp_path / f"data{len(started)}", settings, extra_args,
+                            release=release)
         started.append(gw)
         return gw.start()
 

@@ -161,6 +161,35 @@ def test_acks_all_waits_for_the_wal_commit_and_not_longer(backends):
     run(backends, body)
 
 
+def test_a_stop_during_a_flush_commits_what_queued_behind_it_and_ends(backends):
+    """A gateway stopped under load (a rolling restart): the stop arrives while one WAL
+    object is being uploaded and more batches wait behind it. Both are committed and the
+    stop ends at once, abandoning nothing (it used to wait for a wake-up that never came
+    until shutdown.timeout.ms abandoned it, holding the partitions' leadership as long)."""
+
+    async def body(h):
+        await h.create_topic("stopping", 1)
+        held = HeldUploads(h.objects, hold=lambda key: key.startswith(layout.wal_prefix(1)))
+        engine = await h.start_engine(objects=held)
+        await h.lead(engine)
+        first = engine.append("stopping", 0, batch(2, ts=h.clock.ms, tag="a"), now_ms=h.clock.ms)
+        await eventually(lambda: held.held, "the first WAL upload")
+        second = engine.append("stopping", 0, batch(3, ts=h.clock.ms, tag="b"), now_ms=h.clock.ms)
+
+        h.engines.remove(engine)
+        stopping = asyncio.ensure_future(engine.stop(flush_timeout_s=TIMEOUT_S))
+        await asyncio.sleep(0.2)
+        assert not stopping.done()  # the held upload is still under way
+        held.release()
+        assert await asyncio.wait_for(stopping, TIMEOUT_S / 2) is None
+        await committed(first)
+        await committed(second)
+        objs = await h.store.wal_objects()
+        assert sorted((r.base_offset, r.last_offset) for o in objs for r in o.ranges) == [(0, 1), (2, 4)]
+
+    run(backends, body)
+
+
 # --- 2. fencing -------------------------------------------------------------------------
 
 def test_fenced_flush_drops_its_partitions_and_its_object(backends):

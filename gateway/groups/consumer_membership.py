@@ -28,6 +28,7 @@ from typing import Any, Callable, Mapping
 import re2
 
 from stratalog.gateway.protocol.error_codes import ErrorCode
+from stratalog.gateway.stopping import cancel_and_wait
 
 from .assignors import ASSIGNORS, MemberSpec, Topic
 from .consumer_group import (JOIN_EPOCH, LEAVE_EPOCH, STATIC_LEAVE_EPOCH, ConsumerGroup,
@@ -109,11 +110,7 @@ class ConsumerMembership:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait([task])
         for group in self._groups.values():
             group.dead = True
         self._groups.clear()

@@ -37,6 +37,7 @@ from typing import Any, Callable, Mapping
 
 from stratalog.gateway.protocol.error_codes import ErrorCode
 from stratalog.gateway.protocol.wire import DecodeError
+from stratalog.gateway.stopping import cancel_and_wait
 
 from .group import CONSUMER_PROTOCOL_TYPE, Group, GroupState, Member, Protocols, parse_subscription
 from .timers import Timers, drive
@@ -109,11 +110,7 @@ class Membership:
         does when a coordinator gives its groups up."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait([task])
         for group in list(self._groups.values()):
             for member in group.members.values():
                 self._answer_join(member, JoinResult(E.NOT_COORDINATOR, member.member_id))
