@@ -411,9 +411,12 @@ def test_a_classic_group_is_upgraded_online(tmp_path):
         synced = await groups.sync_group("g", a.generation_id, a.member_id,
                                          assignments={a.member_id: everything})
         assert synced.error == E.NONE
+        assert await groups.store.classic_group("g") is not None  # kept for a coordinator move
         # Stable: the first consumer-protocol member upgrades it, keeping A's partitions.
         assert await groups.make_way_for_consumer_protocol("g") is None
         assert groups.group("g") is None
+        # Its classic state goes from the store, or the next coordinator would load it.
+        assert await groups.store.classic_group("g") is None
         cg = h.groups.group("g")
         assert cg.members[a.member_id].assigned == {T1: frozenset(range(6))}
         assert cg.members[a.member_id].epoch == a.generation_id
