@@ -241,3 +241,23 @@ def test_memory_only_when_asked(tmp_path):
             await g.stop()
 
     run(tmp_path, body)
+
+
+def test_a_static_member_keeps_its_slot_across_a_move(tmp_path):
+    async def body(store, x: Gateway, y: Gateway):
+        a = await join(x.groups, client="a", instance="ia", session=10_000)
+        assert (await x.groups.sync_group("g", 1, a.member_id, group_instance_id="ia",
+                                          assignments={a.member_id: b"all"})).error == E.NONE
+        await x.groups.stop()
+        # On the next coordinator its heartbeat is known by instance and member id...
+        assert await y.groups.heartbeat_any("g", 1, a.member_id, "ia") == E.NONE
+        assert await y.groups.heartbeat_any("g", 1, "someone-else", "ia") == E.FENCED_INSTANCE_ID
+        # ... and a restart with the same instance id takes its slot with no rebalance.
+        again = await join(y.groups, client="a", instance="ia", session=10_000)
+        assert (again.error, again.generation_id) == (E.NONE, 1) and again.member_id != a.member_id
+        synced = await y.groups.sync_group("g", 1, again.member_id, group_instance_id="ia")
+        assert (synced.error, synced.assignment) == (E.NONE, b"all")
+        stored = json.loads(await store.classic_group("g"))
+        assert [(m["id"], m["instance"]) for m in stored["members"]] == [(again.member_id, "ia")]
+
+    run(tmp_path, body)
