@@ -261,3 +261,18 @@ def test_a_static_member_keeps_its_slot_across_a_move(tmp_path):
         assert [(m["id"], m["instance"]) for m in stored["members"]] == [(again.member_id, "ia")]
 
     run(tmp_path, body)
+
+
+def test_a_group_looked_up_just_before_it_was_stored_elsewhere_is_read_again(tmp_path):
+    # Seen in a 2-gateway run: the next coordinator had looked the group up a moment
+    # before the previous one created it, and answered its members UNKNOWN_MEMBER_ID from
+    # its "no such group" cache, so they lost their partitions and rejoined.
+    async def body(store, x: Gateway, y: Gateway):
+        assert (await y.groups.describe_group("g")).state == "Dead"  # y: no such group
+        a, b = await stable_pair(x.groups)
+        await x.groups.stop()
+        assert await y.groups.heartbeat_any("g", 2, b) == E.NONE
+        ok = await y.groups.commit_offsets("g", {("t1", 0): OffsetEntry(3)}, generation_id=2, member_id=a)
+        assert ok == {("t1", 0): E.NONE}
+
+    run(tmp_path, body)

@@ -75,10 +75,11 @@ class ConsumerGroups(ClassicMembers):
         log.info("group %s: loaded from the coordinator at epoch %d with %d members",
                  group.group_id, group.group_epoch, len(group.members))
 
-    async def load(self, group_id: str) -> None:
+    async def load(self, group_id: str, *, cached: bool = True) -> None:
         """Bring a stored group into memory if it is not there (before a heartbeat, an
-        offset commit or fetch, a describe). Store failures propagate."""
-        await self.stored.load(group_id)
+        offset commit or fetch, a describe; see `StoredGroups.load`). Store failures
+        propagate."""
+        await self.stored.load(group_id, cached=cached)
 
     async def persist(self, group_id: str, expect: ConsumerGroup | None = None) -> bool:
         """`StoredGroups.persist`."""
@@ -103,7 +104,7 @@ class ConsumerGroups(ClassicMembers):
                                ) -> HeartbeatResult:
         """`heartbeat`, with the group loaded from and stored to the coordinator."""
         try:
-            await self.load(group_id)
+            await self.load(group_id, cached=False)
         except UnreadableGroupState as e:
             log.error("%s", e)
             return self._fail(E.COORDINATOR_NOT_AVAILABLE, str(e))

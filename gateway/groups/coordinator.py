@@ -151,11 +151,11 @@ class GroupCoordinator(Membership):
             group.state = S.COMPLETING_REBALANCE  # where a rebalance can start over from
             self._prepare_rebalance(group, "loaded from the coordinator mid-rebalance")
 
-    async def _load(self, group_id: str) -> None:
+    async def _load(self, group_id: str, *, cached: bool = True) -> None:
         """Bring the group's stored classic state into memory if this gateway has none
-        (unreadable state and store failures propagate)."""
+        (`StoredGroups.load`; unreadable state and store failures propagate)."""
         if group_id and group_id not in self._groups:
-            await self.classic.load(group_id)
+            await self.classic.load(group_id, cached=cached)
 
     async def _reloaded(self, group_id: str, error: ErrorCode) -> bool:
         """After this copy refused a member: whether another gateway changed the group in
@@ -223,11 +223,13 @@ class GroupCoordinator(Membership):
         are then answered as its classic members'); an Empty one is forgotten so the
         classic protocol can take over. A stored classic group is loaded first. Store
         failures propagate."""
-        await self._load(group_id)
+        # Membership requests read the store past its "no such group" cache: this gateway
+        # may have just become the coordinator of a group another one stored.
+        await self._load(group_id, cached=False)
         classic = self._groups.get(group_id)
         if classic is not None and not classic.is_(S.DEAD):
             return False  # an id is one kind at a time: no need to look in the store
-        await self.consumer.load(group_id)
+        await self.consumer.load(group_id, cached=False)
         group = self.consumer.group(group_id)
         if group is None:
             return False
@@ -329,10 +331,11 @@ class GroupCoordinator(Membership):
         of the current generation; an anonymous one (generation -1, no member) only when
         the group has no members.
         """
+        named = generation_id >= 0 or bool(member_id) or group_instance_id is not None
         try:
-            await self._load(group_id)
+            await self._load(group_id, cached=not named)
             if group_id not in self._groups:  # a classic group here: no consumer one
-                await self.consumer.load(group_id)
+                await self.consumer.load(group_id, cached=not named)
         except Exception as e:  # noqa: BLE001 - unreadable, or the store is unreachable
             log.warning("group %s: could not load its stored state: %s", group_id, e)
             return {tp: E.COORDINATOR_NOT_AVAILABLE for tp in offsets}
@@ -393,7 +396,7 @@ class GroupCoordinator(Membership):
         """TxnOffsetCommit (KIP-447): the consumer a producer commits for must be a current
         member of the current generation, as for its own commits; None if it is."""
         try:
-            await self._load(group_id)
+            await self._load(group_id, cached=False)
         except Exception as e:  # noqa: BLE001 - unreadable, or the store is unreachable
             log.warning("group %s: could not load its stored state: %s", group_id, e)
             return E.COORDINATOR_NOT_AVAILABLE
@@ -508,14 +511,14 @@ class GroupCoordinator(Membership):
                 if owned(group_id) and self.consumer.group(group_id) is None \
                         and group_id not in self._groups:
                     try:
-                        await self.consumer.load(group_id)
+                        await self.consumer.load(group_id, cached=False)
                     except UnreadableGroupState as e:
                         log.error("%s", e)  # listed below as a group with offsets
             # ... and classic groups likewise.
             for group_id in await self.store.classic_group_ids():
                 if owned(group_id) and group_id not in self._groups:
                     try:
-                        await self._load(group_id)
+                        await self._load(group_id, cached=False)
                     except UnreadableGroupState as e:
                         log.error("%s", e)
         except Exception as e:  # noqa: BLE001 - the store is unreachable
@@ -546,7 +549,7 @@ class GroupCoordinator(Membership):
     async def delete_group(self, group_id: str) -> ErrorCode:
         """Delete an Empty group and its committed offsets."""
         try:
-            await self.consumer.load(group_id)
+            await self.consumer.load(group_id, cached=False)
         except Exception:  # noqa: BLE001
             return E.COORDINATOR_NOT_AVAILABLE
         consumer = self.consumer.group(group_id)

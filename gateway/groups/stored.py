@@ -24,8 +24,8 @@ log = logging.getLogger(__name__)
 
 E = ErrorCode
 G = TypeVar("G")
-# How long "the store has no such group" is believed (offset commits of groups that keep
-# no state would otherwise read the store every time).
+# How long "the store has no such group" is believed by lookups that do not name a member
+# (offset commits of groups that keep no state would otherwise read the store every time).
 ABSENT_CACHE_S = 5.0
 MAX_ABSENT = 10_000  # ids remembered as absent; the cache is emptied past this
 
@@ -118,13 +118,16 @@ class StoredGroups(Generic[G]):
         """The stored value, unread into memory. Store failures propagate."""
         return None if self._read is None else await self._read(group_id)
 
-    async def load(self, group_id: str) -> G | None:
+    async def load(self, group_id: str, *, cached: bool = True) -> G | None:
         """Bring a stored group into `groups` if it is not there; the group (None if the
-        store has none). Store failures and unreadable values propagate."""
+        store has none). `cached` False reads the store even if it had no such group a
+        moment ago: a request naming a member says the group exists, and the gateway that
+        coordinated it until now may have just stored it. Store failures and unreadable
+        values propagate."""
         if not self.enabled or not group_id or group_id in self._groups:
             return self._groups.get(group_id)
         seen = self._absent.get(group_id)
-        if seen is not None and self._clock() - seen < ABSENT_CACHE_S:
+        if cached and seen is not None and self._clock() - seen < ABSENT_CACHE_S:
             return None
         async with self._lock(group_id):
             if group_id in self._groups:
