@@ -21,6 +21,10 @@ Keys live under `/stratalog/<cluster>/` as model.py lists them, values are compa
     groups/<group>/consumer           -> a consumer-protocol group's state (KIP-848: epochs,
                                          members, assignments), JSON the gateway owns
                                          (gateway.groups.consumer_group); bytes here
+    groups/<group>/classic            -> a classic group's state (generation, leader,
+                                         members, assignments), JSON the gateway owns
+                                         (gateway.groups.classic_state); bytes here;
+                                         absent while the group is Empty
     migration                         -> where `stratalog migrate` brought the cluster
                                          from, and whether it finished
                                          (coordinator.migration); gateways never read it
@@ -1180,22 +1184,48 @@ class KVClusterStore:
     def _consumer_group_key(self, group: str) -> str:
         return f"{self._group_prefix(group)}consumer"
 
+    def _classic_group_key(self, group: str) -> str:
+        return f"{self._group_prefix(group)}classic"
+
     async def consumer_group_ids(self) -> list[str]:
         """Groups with a stored consumer-protocol state."""
+        return await self._group_ids_with("consumer")
+
+    async def classic_group_ids(self) -> list[str]:
+        """Groups with a stored classic state."""
+        return await self._group_ids_with("classic")
+
+    async def _group_ids_with(self, leaf: str) -> list[str]:
         base = self._k("groups/")
-        return sorted(unquote(key[len(base):].split("/", 1)[0])
-                      for key, _, _ in await self.kv.range(base) if key.endswith("/consumer"))
+        found = (key[len(base):].split("/") for key, _, _ in await self.kv.range(base))
+        return sorted(unquote(parts[0]) for parts in found if parts[1:] == [leaf])
 
     async def consumer_group(self, group: str) -> bytes | None:
         """A consumer-protocol group's stored state, as `put_consumer_group` wrote it."""
-        got = await self.kv.get(self._consumer_group_key(group))
-        return None if got is None else got[0]
+        return await self._get_value(self._consumer_group_key(group))
 
     async def put_consumer_group(self, group: str, value: bytes | None,
                                  expected: bytes | None) -> bool:
         """Replace (None: delete) a consumer-protocol group's state if it still is
         `expected` (None: absent); False if another gateway changed it meanwhile."""
-        key = self._consumer_group_key(group)
+        return await self._swap_value(self._consumer_group_key(group), value, expected)
+
+    async def classic_group(self, group: str) -> bytes | None:
+        """A classic group's stored state, as `put_classic_group` wrote it."""
+        return await self._get_value(self._classic_group_key(group))
+
+    async def put_classic_group(self, group: str, value: bytes | None,
+                                expected: bytes | None) -> bool:
+        """Replace (None: delete) a classic group's state if it still is `expected`
+        (None: absent); False if another gateway changed it meanwhile."""
+        return await self._swap_value(self._classic_group_key(group), value, expected)
+
+    async def _get_value(self, key: str) -> bytes | None:
+        got = await self.kv.get(key)
+        return None if got is None else got[0]
+
+    async def _swap_value(self, key: str, value: bytes | None, expected: bytes | None) -> bool:
+        """Compare-and-set of one key's value (None: absent, or delete it)."""
         compare = absent(key) if expected is None else value_is(key, expected)
         if value is None:
             return expected is None or await self.kv.txn([compare], [Delete(key)])

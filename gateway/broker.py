@@ -112,7 +112,7 @@ class Broker:
             max_size=config["group.consumer.max.size"]),
             store=store, owned=self.is_coordinator_for)
         self.groups = GroupCoordinator(
-            store, consumer=self.consumer_groups,
+            store, consumer=self.consumer_groups, owned=self.is_coordinator_for,
             initial_rebalance_delay_ms=config["group.initial.rebalance.delay.ms"],
             min_session_timeout_ms=config["group.min.session.timeout.ms"],
             max_session_timeout_ms=config["group.max.session.timeout.ms"])

@@ -330,7 +330,7 @@ def test_offsets_listing_and_deleting_a_consumer_group(tmp_path):
         stale = await groups.commit_offsets("g", {("t1", 1): OffsetEntry(5)},
                                             generation_id=a.member_epoch + 3, member_id=mid)
         assert stale == {("t1", 1): E.STALE_MEMBER_EPOCH}
-        assert groups.check_member("g", a.member_epoch, "nobody", None) == E.UNKNOWN_MEMBER_ID
+        assert await groups.check_member("g", a.member_epoch, "nobody", None) == E.UNKNOWN_MEMBER_ID
         error, found = await groups.fetch_offsets("g")
         assert error == E.NONE and found[("t1", 0)].offset == 5
         error, listed = await groups.list_groups(types=["consumer"])
@@ -411,9 +411,12 @@ def test_a_classic_group_is_upgraded_online(tmp_path):
         synced = await groups.sync_group("g", a.generation_id, a.member_id,
                                          assignments={a.member_id: everything})
         assert synced.error == E.NONE
+        assert await groups.store.classic_group("g") is not None  # kept for a coordinator move
         # Stable: the first consumer-protocol member upgrades it, keeping A's partitions.
         assert await groups.make_way_for_consumer_protocol("g") is None
         assert groups.group("g") is None
+        # Its classic state goes from the store, or the next coordinator would load it.
+        assert await groups.store.classic_group("g") is None
         cg = h.groups.group("g")
         assert cg.members[a.member_id].assigned == {T1: frozenset(range(6))}
         assert cg.members[a.member_id].epoch == a.generation_id

@@ -62,6 +62,9 @@ def run(tmp_path: Path, body, **settings) -> Any:
     """Run `body(env)` on a fresh coordinator over a real embedded store."""
     settings.setdefault("initial_rebalance_delay_ms", 0)
     settings.setdefault("min_session_timeout_ms", 1000)
+    # The state machine on its own: requests here do not wait for the store to keep the
+    # group (tests/test_classic_group_state.py covers that).
+    settings.setdefault("keep_state", False)
 
     async def main():
         store = open_coordinator(None, tmp_path / "coordinator")

@@ -13,7 +13,6 @@ coordinate it) drops its copy instead of overwriting the newer one.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Any, Callable
@@ -24,13 +23,11 @@ from .consumer_classic import ClassicMembers
 from .consumer_group import ConsumerGroup, UnreadableGroupState, from_json, new_member_id, to_json
 from .consumer_membership import ConsumerGroupConfig, HeartbeatResult, Subscription, TopicLookup
 from .group import Group
+from .stored import StoredGroups
 
 log = logging.getLogger(__name__)
 
 E = ErrorCode
-# How long "the store has no such consumer group" is believed (offset commits of classic
-# groups would otherwise read the store every time).
-ABSENT_CACHE_S = 5.0
 
 
 class ConsumerGroups(ClassicMembers):
@@ -41,161 +38,73 @@ class ConsumerGroups(ClassicMembers):
                  new_id: Callable[[], str] = new_member_id, store: Any = None,
                  owned: Callable[[str], bool] = lambda group_id: True):
         super().__init__(topics, clock, config, new_id=new_id)
-        self._store = store  # a ClusterStore, or None: groups live in memory only
         self._owned = owned  # whether this gateway coordinates a group id
-        self._stored: dict[str, bytes | None] = {}  # group -> its value in the store
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._absent: dict[str, float] = {}  # group -> when the store had none (a cache)
-        self._writes: set[asyncio.Task] = set()
-        self._dirty: set[str] = set()  # groups changed since their last successful write
+        # With no store, groups live in memory only.
+        self.stored: StoredGroups[ConsumerGroup] = StoredGroups(
+            "consumer", self._groups, clock,
+            read=None if store is None else store.consumer_group,
+            write=None if store is None else store.put_consumer_group,
+            encode=to_json, decode=from_json, loaded=self._armed, lost=self.forget)
 
     async def stop(self) -> None:
-        for t in list(self._writes):
-            t.cancel()
-        await asyncio.gather(*self._writes, return_exceptions=True)
+        await self.stored.stop()
         await super().stop()
-        self._stored.clear()
 
     def forget(self, group_id: str) -> None:
         super().forget(group_id)
-        self._stored.pop(group_id, None)
-        self._dirty.discard(group_id)
-        # The copy is dropped because the store may hold another: it must be read again,
-        # not believed absent (each heartbeat would make a new group that fails to store).
-        self._absent.pop(group_id, None)
+        self.stored.forget(group_id)
 
     def _after_tick(self) -> None:
-        self._drop_moved()
+        self.stored.drop_moved(self._owned, super().forget)
 
     def _changed(self, group_id: str) -> None:
-        self._dirty.add(group_id)
-        self._persist_soon(group_id)
-
-    def _drop_moved(self) -> None:
-        """Forget the groups another gateway coordinates now: if one comes back here, it
-        is loaded again as that gateway left it."""
-        if self._store is None:
-            return
-        for group_id in [g for g in self._groups if not self._owned(g)]:
-            log.info("group %s: coordinated elsewhere now, dropping it from memory", group_id)
-            self.forget(group_id)
+        self.stored.persist_soon(group_id)
 
     # --- the stored copy --------------------------------------------------------------
 
-    def _lock(self, group_id: str) -> asyncio.Lock:
-        lock = self._locks.get(group_id)
-        if lock is None:
-            if len(self._locks) > 4 * len(self._groups) + 1024:  # unused ones go
-                for g in [g for g, lk in self._locks.items() if not lk.locked() and g not in self._groups]:
-                    del self._locks[g]
-            lock = self._locks[group_id] = asyncio.Lock()
-        return lock
+    def _armed(self, group: ConsumerGroup) -> None:
+        """A group just loaded from the store: every member gets a fresh session."""
+        # Its topics as stored stand for a refresh interval: this gateway may have just
+        # started and not loaded every topic yet, and a topic it does not know of would
+        # read as deleted and take partitions away from their members.
+        self._refreshed[group.group_id] = self._clock()
+        for member in group.members.values():
+            self._arm_timers(group, member)
+            self._resend.add((group.group_id, member.member_id))
+        self._schedule_idle(group)
+        log.info("group %s: loaded from the coordinator at epoch %d with %d members",
+                 group.group_id, group.group_epoch, len(group.members))
 
-    async def load(self, group_id: str) -> None:
+    async def load(self, group_id: str, *, cached: bool = True) -> None:
         """Bring a stored group into memory if it is not there (before a heartbeat, an
-        offset commit or fetch, a describe). Store failures propagate."""
-        if self._store is None or not group_id or group_id in self._groups:
-            return
-        seen = self._absent.get(group_id)
-        if seen is not None and self._clock() - seen < ABSENT_CACHE_S:
-            return
-        async with self._lock(group_id):
-            if group_id in self._groups:
-                return
-            value = await self._store.consumer_group(group_id)
-            if group_id in self._groups:
-                return
-            if value is None:
-                self._absent[group_id] = self._clock()
-                if len(self._absent) > 10_000:
-                    self._absent.clear()
-                return
-            group = from_json(group_id, value)
-            self._absent.pop(group_id, None)
-            self._groups[group_id] = group
-            self._stored[group_id] = value
-            # Its topics as stored stand for a refresh interval: this gateway may have just
-            # started and not loaded every topic yet, and a topic it does not know of would
-            # read as deleted and take partitions away from their members.
-            self._refreshed[group_id] = self._clock()
-            for member in group.members.values():
-                self._arm_timers(group, member)
-                self._resend.add((group_id, member.member_id))
-            self._schedule_idle(group)
-            log.info("group %s: loaded from the coordinator at epoch %d with %d members",
-                     group_id, group.group_epoch, len(group.members))
+        offset commit or fetch, a describe; see `StoredGroups.load`). Store failures
+        propagate."""
+        await self.stored.load(group_id, cached=cached)
 
     async def persist(self, group_id: str, expect: ConsumerGroup | None = None) -> bool:
-        """Store the group's current state if it changed; False if another gateway
-        changed it meanwhile (then this copy is dropped), or if `expect` (the copy a
-        request changed) is no longer the one in memory. Store failures propagate."""
-        if self._store is None:
-            return True
-        async with self._lock(group_id):
-            group = self._groups.get(group_id)
-            if expect is not None and group is not expect:
-                return False
-            if group is None:
-                return True
-            value = to_json(group)
-            before = self._stored.get(group_id)
-            if value == before and group_id in self._stored:
-                self._dirty.discard(group_id)
-                return True
-            self._dirty.add(group_id)  # until this write is known to have landed
-            if not await self._store.put_consumer_group(group_id, value, before):
-                log.warning("group %s: changed by another gateway; dropping this copy", group_id)
-                if self._groups.get(group_id) is group:
-                    self.forget(group_id)
-                return False
-            if self._groups.get(group_id) is group:
-                self._stored[group_id] = value
-                if to_json(group) == value:
-                    self._dirty.discard(group_id)
-            self._absent.pop(group_id, None)
-            return True
-
-    def _persist_soon(self, group_id: str) -> None:
-        """Store a change no request waits for (a timer removed a member)."""
-        if self._store is None:
-            return
-        task = asyncio.get_running_loop().create_task(self._persist_quietly(group_id))
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
-
-    async def _persist_quietly(self, group_id: str) -> None:
-        try:
-            await self.persist(group_id)
-        except Exception as e:  # noqa: BLE001 - the next heartbeat stores it again
-            log.warning("group %s: storing its state failed: %s", group_id, e)
+        """`StoredGroups.persist`."""
+        return await self.stored.persist(group_id, expect)
 
     async def adopt(self, classic: Group) -> ConsumerGroup | str:
         """`adopt_classic`, replacing whatever the store held for the id (an Empty
         consumer group a classic one took over earlier)."""
-        stored = None if self._store is None else await self._store.consumer_group(classic.group_id)
+        stored = await self.stored.read(classic.group_id)
         adopted = self.adopt_classic(classic)
         if isinstance(adopted, ConsumerGroup):
-            self._stored[classic.group_id] = stored
-            self._dirty.add(classic.group_id)
-            self._absent.pop(classic.group_id, None)
+            self.stored.replaced(classic.group_id, stored)
         return adopted
 
     async def store_changes(self, group_id: str, expect: ConsumerGroup | None) -> ErrorCode | None:
         """`persist` for requests other than ConsumerGroupHeartbeat: None once stored,
         else the error to answer."""
-        try:
-            stored = await self.persist(group_id, expect)
-        except Exception as e:  # noqa: BLE001 - the coordinator is unreachable: retried
-            log.warning("group %s: storing its state failed: %s", group_id, e)
-            return E.COORDINATOR_NOT_AVAILABLE
-        return None if stored else E.NOT_COORDINATOR
+        return await self.stored.store_changes(group_id, expect)
 
     async def handle_heartbeat(self, group_id: str, member_id: str, member_epoch: int,
                                sub: Subscription, *, client_id: str = "", client_host: str = ""
                                ) -> HeartbeatResult:
         """`heartbeat`, with the group loaded from and stored to the coordinator."""
         try:
-            await self.load(group_id)
+            await self.load(group_id, cached=False)
         except UnreadableGroupState as e:
             log.error("%s", e)
             return self._fail(E.COORDINATOR_NOT_AVAILABLE, str(e))
@@ -204,7 +113,8 @@ class ConsumerGroups(ClassicMembers):
         before = self._fingerprint(group_id, member_id)
         result = self.heartbeat(group_id, member_id, member_epoch, sub,
                                 client_id=client_id, client_host=client_host)
-        if result.error in (E.FENCED_MEMBER_EPOCH, E.UNKNOWN_MEMBER_ID) and await self._superseded(group_id):
+        if result.error in (E.FENCED_MEMBER_EPOCH, E.UNKNOWN_MEMBER_ID) and \
+                await self.stored.superseded(group_id):
             # Another gateway changed the group after this one loaded it (coordination
             # follows each gateway's view of who is alive, so two can serve a group for a
             # moment): the member may be ahead of this copy, not behind. Answer from the
@@ -215,7 +125,7 @@ class ConsumerGroups(ClassicMembers):
             result = self.heartbeat(group_id, member_id, member_epoch, sub,
                                     client_id=client_id, client_host=client_host)
         group = self._groups.get(group_id)
-        if group is None or (group_id in self._stored and group_id not in self._dirty and
+        if group is None or (self.stored.is_clean(group_id) and
                              self._fingerprint(group_id, result.member_id or member_id) == before):
             return result  # nothing to store: most heartbeats only say "still here"
         try:
@@ -227,16 +137,6 @@ class ConsumerGroups(ClassicMembers):
             self._owe_assignment(group_id, result)
             return self._fail(E.NOT_COORDINATOR, "the group was changed by another coordinator")
         return result
-
-    async def _superseded(self, group_id: str) -> bool:
-        """Whether the stored state differs from the one this copy was loaded or stored as."""
-        if self._store is None or group_id not in self._stored:
-            return False
-        try:
-            value = await self._store.consumer_group(group_id)
-        except Exception:  # noqa: BLE001 - unreachable: answer from the copy, as before
-            return False
-        return value is not None and value != self._stored[group_id]
 
     def _fingerprint(self, group_id: str, member_id: str) -> tuple | None:
         """What a heartbeat of this member can change that the store must learn: the
@@ -301,10 +201,11 @@ class ConsumerGroups(ClassicMembers):
         stored state, read now and not kept (the coordinator answers a heartbeat only once
         its state is stored, so a member's current epoch is there). Store failures
         propagate."""
-        if self._store is None or (member_id is None and epoch < 0):
+        if member_id is None and epoch < 0:
             return None
-        value = await self._store.consumer_group(group_id)
+        value = await self.stored.read(group_id)
         return None if value is None else _check_fetch(from_json(group_id, value), member_id, epoch)
+
     def subscribed_topic_names(self, group_id: str) -> set[str]:
         """Topics some member of the group is subscribed to (OffsetDelete's check)."""
         group = self._groups.get(group_id)

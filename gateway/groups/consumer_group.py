@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from .assignors import Topic
+from .stored import UnreadableGroupState, parse_state
 
 Partitions = dict[Topic, frozenset[int]]
 
@@ -225,10 +226,6 @@ class ConsumerGroup:
 STATE_VERSION = 1  # of the JSON below; a newer one is refused, naming both
 
 
-class UnreadableGroupState(ValueError):
-    """A stored group this gateway cannot read (corrupt, or written by a newer one)."""
-
-
 def _parts_json(partitions: Partitions) -> dict[str, list[int]]:
     return {str(t): sorted(ps) for t, ps in sorted(partitions.items()) if ps}
 
@@ -261,15 +258,7 @@ def to_json(group: ConsumerGroup) -> bytes:
 
 
 def from_json(group_id: str, value: bytes) -> ConsumerGroup:
-    try:
-        d = json.loads(value)
-        version = int(d.get("version", 0))
-    except (UnicodeDecodeError, ValueError, AttributeError) as e:
-        raise UnreadableGroupState(f"consumer group {group_id}: corrupt stored state: {e}") from None
-    if version > STATE_VERSION or version < 1:
-        raise UnreadableGroupState(
-            f"consumer group {group_id} has state version {version}; this Stratalog reads "
-            f"version {STATE_VERSION}: upgrade the gateway")
+    d = parse_state("consumer", group_id, value, STATE_VERSION)
     try:
         group = ConsumerGroup(group_id)
         group.group_epoch = int(d["group_epoch"])

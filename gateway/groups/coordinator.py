@@ -3,8 +3,14 @@ the `ClusterStore` - committed offsets, describing, listing and deleting groups.
 
 A group exists for these purposes when this gateway holds members or state for it in
 memory, or when the store holds committed offsets for it; a group known only from its
-offsets is Empty with no protocol type, like a group that only ever committed offsets
-(or whose members' coordinator has since restarted).
+offsets is Empty with no protocol type, like a group that only ever committed offsets.
+
+A classic group with members is also kept in the store (`classic_state`, through
+`StoredGroups`): written when its membership or generation changes (a completed join, the
+leader's assignments, a member leaving or expiring; never for a heartbeat), and loaded by
+the gateway that coordinates it next on first use. A Stable group goes on at its
+generation with its members and assignments (each member gets a fresh session); one
+caught mid-rebalance redoes the rebalance, its members keeping their ids.
 
 Store failures are answered with COORDINATOR_NOT_AVAILABLE, which clients retry, so a
 commit is either stored or reported as failed.
@@ -21,10 +27,12 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, TypeVar
 from stratalog.coordinator.model import CommittedOffset
 from stratalog.gateway.protocol.error_codes import ErrorCode
 
+from . import classic_state
 from .consumer_coordinator import ConsumerGroups
 from .consumer_group import UnreadableGroupState
 from .group import CONSUMER_PROTOCOL_TYPE, Group, GroupState
 from .membership import GroupConfig, JoinResult, Membership, SyncResult
+from .stored import StoredGroups
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +42,9 @@ GROUP_TYPE = "classic"  # the ListGroups v5 type of groups of JoinGroup/SyncGrou
 CONSUMER_GROUP_TYPE = "consumer"  # ... and of groups of ConsumerGroupHeartbeat (KIP-848)
 T = TypeVar("T")
 TopicPartition = tuple[str, int]
+# What a member is told when this copy of the group does not know it at its generation;
+# the stored state may know better (another gateway changed the group meanwhile).
+_MEMBER_ERRORS = (E.UNKNOWN_MEMBER_ID, E.ILLEGAL_GENERATION, E.FENCED_INSTANCE_ID)
 
 
 class StoreUnavailable(Exception):
@@ -89,19 +100,93 @@ class GroupCoordinator(Membership):
                  config: GroupConfig | None = None, *,
                  wall_clock: Callable[[], float] = time.time,
                  new_uuid: Callable[[], str] = lambda: str(uuid.uuid4()),
-                 consumer: ConsumerGroups | None = None, **settings: Any):
-        """`settings` are GroupConfig fields by name, e.g. initial_rebalance_delay_ms=0."""
+                 consumer: ConsumerGroups | None = None,
+                 owned: Callable[[str], bool] = lambda group_id: True,
+                 keep_state: bool = True, **settings: Any):
+        """`settings` are GroupConfig fields by name, e.g. initial_rebalance_delay_ms=0;
+        `owned` says whether this gateway coordinates a group id; `keep_state` False keeps
+        classic groups in memory only."""
         super().__init__(store, clock, config, new_uuid=new_uuid, **settings)
         self._wall_clock = wall_clock
+        self._owned = owned
         self.consumer = consumer if consumer is not None else ConsumerGroups(lambda: {}, clock)
+        keep = keep_state and store is not None
+        self.classic: StoredGroups[Group] = StoredGroups(
+            "classic", self._groups, clock,
+            read=store.classic_group if keep else None,
+            write=store.put_classic_group if keep else None,
+            encode=classic_state.to_json, decode=classic_state.from_json,
+            loaded=self._resume, lost=lambda group_id: self.release(self._groups[group_id]))
 
     async def start(self) -> None:
         await super().start()
         await self.consumer.start()
 
     async def stop(self) -> None:
+        await self.classic.stop()
         await self.consumer.stop()
         await super().stop()
+
+    # --- the stored copy of classic groups ------------------------------------------------
+
+    def _changed(self, group: Group) -> None:
+        self.classic.persist_soon(group.group_id)
+
+    def _after_tick(self) -> None:
+        self.classic.drop_moved(self._owned, lambda group_id: self.release(self._groups[group_id]))
+
+    def forget(self, group: Group) -> None:
+        super().forget(group)
+        self.classic.forget(group.group_id)
+
+    def _resume(self, group: Group) -> None:
+        """A group just loaded from the store: a Stable one goes on as it was, with fresh
+        sessions; one caught mid-rebalance redoes it (members rejoin, keeping their ids,
+        when their heartbeats get REBALANCE_IN_PROGRESS)."""
+        for member in group.members.values():
+            self._schedule_session(group, member)
+        log.info("group %s: loaded from the coordinator, %s at generation %d with %d members",
+                 group.group_id, group.state.value, group.generation_id, len(group.members))
+        if not group.is_(S.STABLE):
+            group.state = S.COMPLETING_REBALANCE  # where a rebalance can start over from
+            self._prepare_rebalance(group, "loaded from the coordinator mid-rebalance")
+
+    async def _load(self, group_id: str, *, cached: bool = True) -> None:
+        """Bring the group's stored classic state into memory if this gateway has none
+        (`StoredGroups.load`; unreadable state and store failures propagate)."""
+        if group_id and group_id not in self._groups:
+            await self.classic.load(group_id, cached=cached)
+
+    async def _reloaded(self, group_id: str, error: ErrorCode) -> bool:
+        """After this copy refused a member: whether another gateway changed the group in
+        the store since this one loaded or wrote it; then the copy is replaced by the
+        stored state and the caller asks again."""
+        if error not in _MEMBER_ERRORS or not await self.classic.superseded(group_id):
+            return False
+        group = self._groups.get(group_id)
+        if group is not None:
+            self.release(group)
+        self.classic.forget(group_id)
+        try:
+            await self.classic.load(group_id)
+        except Exception as e:  # noqa: BLE001 - answered from no copy: the member rejoins
+            log.warning("group %s: reloading it failed: %s", group_id, e)
+        return True
+
+    async def _stored_join(self, group_id: str, member_id: str, kw: dict[str, Any]) -> JoinResult:
+        result = await super().join_group(group_id, member_id, **kw)
+        if await self._reloaded(group_id, result.error):
+            result = await super().join_group(group_id, member_id, **kw)
+        error = await self.classic.store_changes(group_id, self._groups.get(group_id))
+        return result if error is None else JoinResult(error, member_id)
+
+    async def _stored_sync(self, group_id: str, generation_id: int, member_id: str,
+                           kw: dict[str, Any]) -> SyncResult:
+        result = await super().sync_group(group_id, generation_id, member_id, **kw)
+        if await self._reloaded(group_id, result.error):
+            result = await super().sync_group(group_id, generation_id, member_id, **kw)
+        error = await self.classic.store_changes(group_id, self._groups.get(group_id))
+        return result if error is None else SyncResult(error)
 
     # --- the two protocols on one group id ------------------------------------------------
 
@@ -124,17 +209,27 @@ class GroupCoordinator(Membership):
                 return E.GROUP_ID_NOT_FOUND, adopted
             return E.COORDINATOR_NOT_AVAILABLE, adopted
         if self._groups.get(group_id) is group:
+            # Its stored classic state goes too, or a later load would find it again.
+            group.transition(S.DEAD)
+            error = await self.classic.store_changes(group_id, group)
             self.forget(group)
+            if error is not None:
+                log.warning("group %s: its classic state could not be removed (%s)",
+                            group_id, error.name)
         return None
 
     async def _consumer_group_in_use(self, group_id: str) -> bool:
         """Whether a consumer-protocol group with members holds the id (classic requests
         are then answered as its classic members'); an Empty one is forgotten so the
-        classic protocol can take over. Store failures propagate."""
+        classic protocol can take over. A stored classic group is loaded first. Store
+        failures propagate."""
+        # Membership requests read the store past its "no such group" cache: this gateway
+        # may have just become the coordinator of a group another one stored.
+        await self._load(group_id, cached=False)
         classic = self._groups.get(group_id)
         if classic is not None and not classic.is_(S.DEAD):
             return False  # an id is one kind at a time: no need to look in the store
-        await self.consumer.load(group_id)
+        await self.consumer.load(group_id, cached=False)
         group = self.consumer.group(group_id)
         if group is None:
             return False
@@ -149,7 +244,7 @@ class GroupCoordinator(Membership):
         except Exception:  # noqa: BLE001
             return JoinResult(E.COORDINATOR_NOT_AVAILABLE, member_id)
         if not in_use:
-            return await super().join_group(group_id, member_id, **kw)
+            return await self._stored_join(group_id, member_id, kw)
         cfg = self.config
         if not cfg.min_session_timeout_ms <= kw["session_timeout_ms"] <= cfg.max_session_timeout_ms:
             return JoinResult(E.INVALID_SESSION_TIMEOUT, member_id)
@@ -178,7 +273,7 @@ class GroupCoordinator(Membership):
         except Exception:  # noqa: BLE001
             return SyncResult(E.COORDINATOR_NOT_AVAILABLE)
         if not in_use:
-            return await super().sync_group(group_id, generation_id, member_id, **kw)
+            return await self._stored_sync(group_id, generation_id, member_id, kw)
         r = self.consumer.classic_sync(group_id, generation_id, member_id,
                                        instance_id=kw.get("group_instance_id"),
                                        protocol_type=kw.get("protocol_type"),
@@ -195,7 +290,10 @@ class GroupCoordinator(Membership):
         except Exception:  # noqa: BLE001
             return E.COORDINATOR_NOT_AVAILABLE
         if not in_use:
-            return self.heartbeat(group_id, generation_id, member_id, group_instance_id)
+            error = self.heartbeat(group_id, generation_id, member_id, group_instance_id)
+            if await self._reloaded(group_id, error):
+                error = self.heartbeat(group_id, generation_id, member_id, group_instance_id)
+            return error  # nothing to store: a heartbeat only says "still here"
         return self.consumer.classic_heartbeat(group_id, generation_id, member_id, group_instance_id)
 
     async def leave_any(self, group_id: str, members: list[tuple[str, str | None]],
@@ -206,7 +304,9 @@ class GroupCoordinator(Membership):
         except Exception:  # noqa: BLE001
             return E.COORDINATOR_NOT_AVAILABLE, []
         if not in_use:
-            return self.leave_group(group_id, members, reason)
+            outcome = self.leave_group(group_id, members, reason)
+            error = await self.classic.store_changes(group_id, self._groups.get(group_id))
+            return outcome if error is None else (error, [])
         group = self.consumer.group(group_id)
         errors = self.consumer.classic_leave(group_id, members)
         error = await self.consumer.store_changes(group_id, group)
@@ -231,16 +331,20 @@ class GroupCoordinator(Membership):
         of the current generation; an anonymous one (generation -1, no member) only when
         the group has no members.
         """
+        named = generation_id >= 0 or bool(member_id) or group_instance_id is not None
         try:
+            await self._load(group_id, cached=not named)
             if group_id not in self._groups:  # a classic group here: no consumer one
-                await self.consumer.load(group_id)
+                await self.consumer.load(group_id, cached=not named)
         except Exception as e:  # noqa: BLE001 - unreadable, or the store is unreachable
-            log.warning("group %s: could not load its consumer-protocol state: %s", group_id, e)
+            log.warning("group %s: could not load its stored state: %s", group_id, e)
             return {tp: E.COORDINATOR_NOT_AVAILABLE for tp in offsets}
         if self.consumer.group(group_id) is not None:
             error = self.consumer.check_commit(group_id, member_id, generation_id, list(offsets))
         else:
             error = self._validate_commit(group_id, generation_id, member_id, group_instance_id)
+            if error is not None and await self._reloaded(group_id, error):
+                error = self._validate_commit(group_id, generation_id, member_id, group_instance_id)
         if error is not None:
             return {tp: error for tp in offsets}
         now_ms = int(self._wall_clock() * 1000)
@@ -287,10 +391,15 @@ class GroupCoordinator(Membership):
         self._schedule_session(group, group.members[member_id])
         return None
 
-    def check_member(self, group_id: str, generation_id: int, member_id: str,
-                     group_instance_id: str | None) -> ErrorCode | None:
+    async def check_member(self, group_id: str, generation_id: int, member_id: str,
+                           group_instance_id: str | None) -> ErrorCode | None:
         """TxnOffsetCommit (KIP-447): the consumer a producer commits for must be a current
         member of the current generation, as for its own commits; None if it is."""
+        try:
+            await self._load(group_id, cached=False)
+        except Exception as e:  # noqa: BLE001 - unreadable, or the store is unreachable
+            log.warning("group %s: could not load its stored state: %s", group_id, e)
+            return E.COORDINATOR_NOT_AVAILABLE
         if self.consumer.group(group_id) is not None:
             return self.consumer.check_commit(group_id, member_id, generation_id, [])
         return self._validate_commit(group_id, generation_id, member_id, group_instance_id)
@@ -364,6 +473,11 @@ class GroupCoordinator(Membership):
     # --- DescribeGroups ---------------------------------------------------------------
 
     async def describe_group(self, group_id: str) -> GroupDescription:
+        try:
+            await self._load(group_id)
+        except Exception as e:  # noqa: BLE001 - unreadable, or the store is unreachable
+            log.warning("group %s: could not load its stored state: %s", group_id, e)
+            return GroupDescription(group_id, E.COORDINATOR_NOT_AVAILABLE, "")
         if self.consumer.group(group_id) is not None:
             # Not a classic group: DescribeGroups up to v5 answers Dead, as Kafka does
             # (ConsumerGroupDescribe describes it).
@@ -397,9 +511,16 @@ class GroupCoordinator(Membership):
                 if owned(group_id) and self.consumer.group(group_id) is None \
                         and group_id not in self._groups:
                     try:
-                        await self.consumer.load(group_id)
+                        await self.consumer.load(group_id, cached=False)
                     except UnreadableGroupState as e:
                         log.error("%s", e)  # listed below as a group with offsets
+            # ... and classic groups likewise.
+            for group_id in await self.store.classic_group_ids():
+                if owned(group_id) and group_id not in self._groups:
+                    try:
+                        await self._load(group_id, cached=False)
+                    except UnreadableGroupState as e:
+                        log.error("%s", e)
         except Exception as e:  # noqa: BLE001 - the store is unreachable
             log.warning("listing consumer-protocol groups failed: %s", e)
             return E.COORDINATOR_NOT_AVAILABLE, []
@@ -428,7 +549,7 @@ class GroupCoordinator(Membership):
     async def delete_group(self, group_id: str) -> ErrorCode:
         """Delete an Empty group and its committed offsets."""
         try:
-            await self.consumer.load(group_id)
+            await self.consumer.load(group_id, cached=False)
         except Exception:  # noqa: BLE001
             return E.COORDINATOR_NOT_AVAILABLE
         consumer = self.consumer.group(group_id)

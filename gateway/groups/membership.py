@@ -124,7 +124,15 @@ class Membership:
         return self._timers.fire_due(self._clock())
 
     async def _run(self) -> None:
-        await drive(lambda: self._timers, self._clock, self._wakeup, "group timer")
+        await drive(lambda: self._timers, self._clock, self._wakeup, "group timer",
+                    self._after_tick)
+
+    def _after_tick(self) -> None:
+        """Periodic work of a subclass, run with the timers."""
+
+    def _changed(self, group: Group) -> None:
+        """A group's membership or generation changed, maybe with no request waiting for
+        it (a timer removed a member): a subclass may store it."""
 
     def _schedule(self, key: tuple, delay_ms: float, action: Callable[[], None]) -> None:
         if self._timers.schedule(key, self._clock() + delay_ms / 1000.0, action):
@@ -388,6 +396,7 @@ class Membership:
                            lambda: self._complete_join(group))
             return
         group.init_next_generation()
+        self._changed(group)
         if group.is_(S.EMPTY):
             log.info("group %s: generation %d is empty", group.group_id, group.generation_id)
             self._schedule_idle(group)
@@ -415,6 +424,7 @@ class Membership:
             if member is not None:
                 self._drop(group, member)
         self._prepare_rebalance(group, f"members {missing} never sent SyncGroup")
+        self._changed(group)
 
     def _reset_assignments(self, group: Group, error: ErrorCode) -> None:
         for member in group.members.values():
@@ -595,6 +605,7 @@ class Membership:
             self._maybe_prepare_rebalance(group, f"{member.member_id} removed: {why}")
         elif group.is_(S.PREPARING_REBALANCE):
             self._maybe_complete_join(group)
+        self._changed(group)
 
     @staticmethod
     def _answer_join(member: Member, result: JoinResult) -> None:
@@ -620,6 +631,15 @@ class Membership:
             log.info("group %s: empty for %d ms, dropping its in-memory state", group.group_id,
                      self.config.empty_group_retention_ms)
             self.forget(group)
+
+    def release(self, group: Group) -> None:
+        """Give up a group another gateway coordinates now, whatever its state: waiting
+        requests are answered NOT_COORDINATOR and the members go to find the new one."""
+        for member in group.members.values():
+            self._answer_join(member, JoinResult(E.NOT_COORDINATOR, member.member_id))
+            self._answer_sync(member, SyncResult(E.NOT_COORDINATOR))
+            self._timers.cancel(("member", group.group_id, member.member_id))
+        self.forget(group)
 
     def forget(self, group: Group) -> None:
         """Mark an Empty group Dead and drop it (DeleteGroups)."""

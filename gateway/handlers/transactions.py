@@ -149,7 +149,7 @@ async def add_offsets_to_txn(ctx: RequestContext, req) -> dict[str, Any]:
 
 @handles(ApiKey.TXN_OFFSET_COMMIT, 0, 3)
 async def txn_offset_commit(ctx: RequestContext, req) -> dict[str, Any]:
-    error = _offset_commit_error(ctx, req)
+    error = await _offset_commit_error(ctx, req)
     offsets = {}
     topic_errors: dict[tuple[str, int], E] = {}
     if error is None:
@@ -176,7 +176,7 @@ async def txn_offset_commit(ctx: RequestContext, req) -> dict[str, Any]:
         for t in req.topics or []]}
 
 
-def _offset_commit_error(ctx: RequestContext, req) -> E | None:
+async def _offset_commit_error(ctx: RequestContext, req) -> E | None:
     if not ctx.allowed(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, req.transactional_id):
         return E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
     if not may_use(ctx, req.group_id):
@@ -186,7 +186,7 @@ def _offset_commit_error(ctx: RequestContext, req) -> E | None:
     if ctx.version >= 3 and (req.generation_id >= 0 or req.member_id or req.group_instance_id):
         # KIP-447: the producer speaks for a consumer that must still be a member of the
         # group's current generation (a zombie's offsets are refused).
-        return ctx.broker.groups.check_member(req.group_id, req.generation_id, req.member_id,
+        return await ctx.broker.groups.check_member(req.group_id, req.generation_id, req.member_id,
                                               req.group_instance_id)
     return None
 

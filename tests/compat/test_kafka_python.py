@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import time
 import uuid
+import zlib
 
 import pytest
 
 pytest.importorskip("kafka", reason="kafka-python is not installed")
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition  # noqa: E402
+from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, TopicPartition  # noqa: E402
 from kafka import codec as kcodec  # noqa: E402
 from kafka.admin import KafkaAdminClient, NewTopic  # noqa: E402
 
 
+from cluster_fixtures import etcd  # noqa: E402,F401 - a fixture
 from .scenario import CODECS, records  # noqa: E402
 from .stored_batches import CODEC_IDS, stored_codecs  # noqa: E402
 
@@ -128,3 +130,62 @@ def test_seek_by_timestamp(gateway):
     consumer.close()
     assert [m.value for m in msgs] == [f"v{i}".encode() for i in range(5, 10)]
     assert [m.timestamp for m in msgs] == [base + i * 1000 for i in range(5, 10)]
+
+
+def test_a_group_keeps_its_generation_when_its_coordinator_moves(gateway_factory, etcd, tmp_path):
+    # Its own 2-gateway cluster on etcd: the coordinating gateway stops and comes back.
+    from cluster_fixtures import start_cluster
+
+    gws = start_cluster(gateway_factory, etcd, tmp_path, 2)
+    bootstrap = ",".join(g.bootstrap for g in gws)
+    # A group the second gateway coordinates while both are up (the first when alone).
+    group = next(g for g in (f"kp-move-{uuid.uuid4().hex[:8]}" for _ in range(100))
+                 if zlib.crc32(g.encode()) % 2 == 1)
+    topic = f"kp-move-{uuid.uuid4().hex[:6]}"
+    create_topic(bootstrap, topic, partitions=2)
+    moves: list[tuple[str, set]] = []
+
+    class Listener(ConsumerRebalanceListener):
+        def on_partitions_revoked(self, revoked):
+            moves.append(("revoked", set(revoked)))
+
+        def on_partitions_assigned(self, assigned):
+            moves.append(("assigned", set(assigned)))
+
+    # A session long enough to find the other gateway after the coordinator went away.
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group,
+                             auto_offset_reset="earliest", enable_auto_commit=False,
+                             session_timeout_ms=30_000, heartbeat_interval_ms=1000,
+                             request_timeout_ms=40_000)
+    consumer.subscribe([topic], listener=Listener())
+    sent = 0
+    seen: list[bytes] = []
+
+    def round_trip(n: int) -> None:
+        nonlocal sent
+        rows = [(None, f"v{i}".encode(), []) for i in range(sent, sent + n)]
+        for p in range(2):
+            produce(bootstrap, topic, rows[p::2], "none", partition=p)
+        sent += n
+        deadline = time.monotonic() + 60
+        while len(seen) < sent and time.monotonic() < deadline:
+            for msgs in consumer.poll(timeout_ms=500).values():
+                seen.extend(m.value for m in msgs)
+        consumer.commit()  # at the generation the coordinator must still know
+
+    try:
+        round_trip(10)
+        stable = consumer._coordinator.generation_if_stable()
+        generation = (stable.generation_id, stable.member_id)
+        assert moves[-1] == ("assigned", {TopicPartition(topic, 0), TopicPartition(topic, 1)})
+        before = len(moves)
+        gws[1].stop()
+        round_trip(10)
+        gws[1].start()
+        round_trip(10)
+        stable = consumer._coordinator.generation_if_stable()
+        assert (stable.generation_id, stable.member_id) == generation
+        assert moves[before:] == [], "the group rebalanced while its coordinator moved"
+    finally:
+        consumer.close()
+    assert sorted(seen) == sorted(f"v{i}".encode() for i in range(sent))
