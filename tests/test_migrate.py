@@ -257,8 +257,15 @@ def _migrate_args(data_dir: Path, etcd_url: str, s3, endpoint: str | None = None
             "--s3-endpoint", endpoint or s3.endpoint, "--s3-path-style"]
 
 
+@pytest.fixture(scope="module")
+def spark():
+    from spark_helpers import spark_session
+
+    return spark_session()
+
+
 def test_migrate_an_embedded_installation_to_etcd_and_s3(gateway_factory, etcd, fault_proxy, moto_s3,  # noqa: F811
-                                                         tmp_path, capsys, monkeypatch):
+                                                         tmp_path, capsys, monkeypatch, spark):
     from test_coordinator_backup import _commit, _partition_view, _produce, _read_all, _records, _store_call
 
     from s3_fault_proxy import FaultRule
@@ -279,6 +286,18 @@ def test_migrate_an_embedded_installation_to_etcd_and_s3(gateway_factory, etcd, 
     _produce(gw.bootstrap, "orders", orders)
     latest = [(0, f"key{i % 3}".encode(), f"value{i}-".encode() + b"y" * 300, []) for i in range(9)]
     _produce(gw.bootstrap, "latest", latest)
+    # Compacted data: `latest`'s sealed segments rewritten to the newest record of each key
+    # (stratalog compact, on Spark), the last segment and the WAL left as they are.
+    from spark_helpers import consume_all, wait_sealed
+
+    from stratalog.spark.compaction import compact
+    from stratalog.spark.objects import StoreSpec
+
+    wait_sealed(StoreSpec((data_dir / "objects").as_uri()), "latest", {0: 3})
+    report = compact(spark, (data_dir / "objects").as_uri(), "latest", gw.http_url, bootstrap=gw.bootstrap)
+    assert report.ok and [r.status for r in report.results] == ["compacted"], report.results
+    kept = len(consume_all(gw.bootstrap, "latest", 1))
+    assert kept < len(latest)
     _produce(gw.bootstrap, "trimmed", _records(5, 1, size=10))
     trim = admin.delete_records([TopicPartition("trimmed", 0, 2)])  # log start offset 2
     next(iter(trim.values())).result(30)
@@ -287,7 +306,7 @@ def test_migrate_an_embedded_installation_to_etcd_and_s3(gateway_factory, etcd, 
     assert acked == [(0, 0), (0, 1), (0, 2)]
     _commit(gw.bootstrap, "billing", "orders", {0: 4, 1: 7})
     before = {"orders": _read_all(gw.bootstrap, "orders", [0, 1], {0: 10, 1: 10}),
-              "latest": _read_all(gw.bootstrap, "latest", [0], {0: 9}),
+              "latest": _read_all(gw.bootstrap, "latest", [0], {0: kept}),
               "idem": _read_all(gw.bootstrap, "idem", [0], {0: 3})}
 
     # A first copy beside the running gateway; the rest is refused while it runs.
@@ -402,7 +421,7 @@ def test_migrate_an_embedded_installation_to_etcd_and_s3(gateway_factory, etcd, 
     finally:
         watermarks.close()
     after = {"orders": _read_all(cgw.bootstrap, "orders", [0, 1], {0: 10, 1: 10}),
-             "latest": _read_all(cgw.bootstrap, "latest", [0], {0: 9}),
+             "latest": _read_all(cgw.bootstrap, "latest", [0], {0: kept}),
              "idem": _read_all(cgw.bootstrap, "idem", [0], {0: 3})}
     assert after == before
     assert [r[1:] for p in (0, 1) for r in after["orders"][p]] == \
