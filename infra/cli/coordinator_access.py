@@ -63,3 +63,30 @@ def open_coordinator_store(args, create: bool = True, read_only: bool = False):
                        "coordinator has one user at a time), or use an etcd coordinator") from None
     except ValueError as e:
         raise UsageError(str(e)) from None
+
+
+async def into_coordinator_with_objects(args, url: str, scratch_prefix: str, work):
+    """`work(store, objects, scratch)` on the coordinator the options name (created if
+    absent) and the object store at `url`, with a scratch folder: what `coordinator
+    restore` and `recover --from-bucket` share. Store failures become one CliError line."""
+    import tempfile
+    from pathlib import Path
+
+    from stratalog.infra.cli.common import CliError, s3_store_options
+    from stratalog.tiering.objectstore import ObjectStoreError, open_store
+
+    try:
+        objects = open_store(url, **s3_store_options(args))
+    except (ValueError, OSError) as e:
+        raise CliError(f"cannot open object store {url}: {e}") from None
+    try:
+        store = open_coordinator_store(args, create=True)
+        try:
+            with tempfile.TemporaryDirectory(prefix=scratch_prefix) as scratch:
+                return await work(store, objects, Path(scratch))
+        finally:
+            await store.close()
+    except ObjectStoreError as e:
+        raise CliError(f"object store {url}: {e}") from None
+    finally:
+        await objects.close()

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import tempfile
 from datetime import datetime, timezone
-from pathlib import Path
 
-from stratalog.infra.cli.common import CliError, add_s3_options, note, print_table, s3_store_options
-from stratalog.infra.cli.coordinator_access import add_coordinator_options, open_coordinator_store
+from stratalog.infra.cli.common import CliError, add_s3_options, note, print_table
+from stratalog.infra.cli.coordinator_access import (add_coordinator_options, into_coordinator_with_objects)
 
 
 def add_parser(subparsers) -> None:
@@ -81,20 +79,5 @@ def run(args: argparse.Namespace) -> int:
 
 async def _recover(args: argparse.Namespace, url: str):
     from stratalog.engine.bucket_recovery import recover_from_bucket
-    from stratalog.tiering.objectstore import ObjectStoreError, open_store
 
-    try:
-        objects = open_store(url, **s3_store_options(args))
-    except (ValueError, OSError) as e:
-        raise CliError(f"cannot open object store {url}: {e}") from None
-    try:
-        store = open_coordinator_store(args, create=True)
-        try:
-            with tempfile.TemporaryDirectory(prefix="stratalog-recover-") as scratch:
-                return await recover_from_bucket(store, objects, Path(scratch))
-        finally:
-            await store.close()
-    except ObjectStoreError as e:
-        raise CliError(f"object store {url}: {e}") from None
-    finally:
-        await objects.close()
+    return await into_coordinator_with_objects(args, url, "stratalog-recover-", recover_from_bucket)
