@@ -1,7 +1,7 @@
 """`KVClusterStore`: the cluster model of `coordinator.model` over any `KV` backend.
 
 Keys live under `/stratalog/<cluster>/` as model.py lists them, values are compact JSON
-(UUIDs as strings, names percent-quoted inside keys). Six keys are added to that list:
+(UUIDs as strings, names percent-quoted inside keys). These keys are added to that list:
 
     keyspace_version                  -> KEYSPACE_VERSION of the layout below (absent: 1)
     partitions/<topic_id>/<p>/epoch   -> leader epoch as a decimal integer
