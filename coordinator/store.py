@@ -1292,6 +1292,15 @@ class KVClusterStore:
         key = self._txn_key(state.transactional_id)
         return await self.kv.txn([mod_is(key, revision)], [Put(key, state.to_json())])
 
+    async def delete_transaction(self, transactional_id: str, revision: int) -> bool:
+        """Forget a transactional id if its key is still at `revision`; False if not."""
+        key = self._txn_key(transactional_id)
+        return await self.kv.txn([mod_is(key, revision)], [Delete(key)])
+
+    def transactional_id_of(self, key: str) -> str:
+        """The transactional id of a key `watch_transactions` reported."""
+        return unquote(key[len(self._k("transactions/")):])
+
     async def transactions(self) -> list[tuple[TxnState, int]]:
         return [(TxnState.from_json(k, v), rev)
                 for k, v, rev in await self.kv.range(self._k("transactions/"))]

@@ -124,7 +124,9 @@ class Broker:
             store, self.engine, self.transactions, coordinates=self.is_coordinator_for,
             partition_exists=lambda topic, p: 0 <= p < (self.partition_count(topic) or 0),
             now_ms=self.now_ms,
-            abort_check_ms=config["transaction.abort.timed.out.transaction.cleanup.interval.ms"])
+            abort_check_ms=config["transaction.abort.timed.out.transaction.cleanup.interval.ms"],
+            expiration_ms=config["transactional.id.expiration.ms"],
+            expiration_check_ms=config["transaction.remove.expired.transaction.cleanup.interval.ms"])
         self.snapshots = (SnapshotWriter(store, objects, now_ms=self.now_ms,
                                          interval_ms=config["coordinator.snapshot.interval.ms"],
                                          retain=config["coordinator.snapshot.retain"])
