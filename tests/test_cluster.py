@@ -78,3 +78,29 @@ def test_a_topic_created_through_one_gateway_is_known_to_the_others_at_once(gate
     finally:
         first.close()
         other.close()
+
+
+def test_a_gateway_started_without_a_broker_id_keeps_the_one_it_was_given(gateway_factory, etcd, tmp_path):
+    """The cluster gives an id to a gateway started without --broker-id; its data directory
+    remembers it, so a restart comes back as the same broker (its partitions, replica
+    lists and WAL objects name that id), as Kafka's generated broker.id does."""
+    import re
+
+    def node(gw) -> int:
+        return int(re.search(r"node (\d+)\)", gw.banner).group(1))
+
+    store = ["--coordinator", etcd.url, "--object-store", (tmp_path / "objects").as_uri()]
+    first = gateway_factory(extra_args=store)
+    second = gateway_factory(extra_args=store)
+    ids = (node(first), node(second))
+    assert ids[0] != ids[1]
+    first.stop()
+    first.start()
+    second.kill9()
+    second.start()
+    assert (node(first), node(second)) == ids
+    # A data directory that served another cluster is given a new id by this one.
+    (second.data_dir / "broker.id").write_text(f"{ids[1]} another-cluster\n")
+    second.stop()
+    second.start()
+    assert node(second) not in ids
