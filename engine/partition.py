@@ -87,6 +87,12 @@ class PartitionLog:
     def key(self) -> tuple[uuid.UUID, int]:
         return self.topic_id, self.partition
 
+    @property
+    def size_bytes(self) -> int:
+        """The log's bytes: sealed segments (in the object store), rolled ones on their way
+        there and the active one (retention.bytes and DescribeLogDirs count this)."""
+        return sum(s.size for s in self.sealed) + sum(s.size for s in self.rolled) + self.active.size
+
     # ---- recovery ----------------------------------------------------------------------
 
     @classmethod
