@@ -310,6 +310,22 @@ def _newer_keyspace(d: Path) -> str:
     return f"coordinator keyspace /stratalog/default/ {NEWER}"
 
 
+def test_spark_refuses_a_newer_coordinator_keyspace(tmp_path):
+    """The Spark reader's coordinator mode (WAL reads up to the high watermark) checks the
+    keyspace's version before it reads a key of it."""
+    from stratalog.spark.metadata import CoordinatorMetadata
+
+    d = tmp_path / "data"
+    message = _newer_keyspace(d)
+    reader = CoordinatorMetadata(str(d), "orders")
+    try:
+        with pytest.raises(CoordinatorFormat) as e:
+            reader.snapshot()
+    finally:
+        reader.close()
+    assert str(e.value) == message
+
+
 @pytest.mark.parametrize("make", [_newer_marker, _newer_database, _newer_keyspace],
                          ids=["data-directory", "embedded-database", "keyspace"])
 def test_serve_refuses_a_newer_format_in_one_line(tmp_path, make):
