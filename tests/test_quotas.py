@@ -425,6 +425,10 @@ def test_a_quota_set_through_one_gateway_limits_a_producer_on_another(gateway_fa
     assert abs(rate - rate_limit) <= 0.1 * rate_limit, (rate, partition, led, leaders(gws[2].bootstrap, "cluster-q"),
                                                         len(throttles))
     assert throttles
+    # Enforced by the partition's leader, with the quota set through gateway 1, which
+    # served none of the produce requests (each gateway counts its own, as the README says).
+    assert metric(gws[led[partition] - 1], "stratalog_quota_throttle_time_ms", 'quota="produce"') > 0
+    assert metric(gws[0], "stratalog_quota_throttle_time_ms", 'quota="produce"') == 0
 
 
 # ---- KIP-599 -----------------------------------------------------------------------------------

@@ -97,10 +97,10 @@ class ClientQuotas:
         return self._throttle_ms(key, min(sensor.throttle_s(quota, now), self._most_s(key)))
 
     def _most_s(self, key: str) -> float:
-        """The longest throttle a request may earn. Kafka bounds the request quota's to one
-        window (its time is counted after the work is done, so a slow request is not
-        held against the client for long); a byte rate's is back at its quota once every
-        kept window has expired, at most the whole span."""
+        """The longest throttle a request may earn: one window for the request quota, as
+        Kafka bounds it (a client still over then is throttled again on its next request);
+        the whole span for a byte rate, by when every kept window has expired (Kafka sets
+        no bound there; one request far over its quota mutes a connection no longer)."""
         if key == rules.REQUEST_PERCENTAGE:
             return self.window_s
         return self.samples * self.window_s
