@@ -89,8 +89,7 @@ class PartitionLog:
 
     @property
     def size_bytes(self) -> int:
-        """The log's bytes: sealed segments (in the object store), rolled ones on their way
-        there and the active one (retention.bytes and DescribeLogDirs count this)."""
+        """Bytes of the log: its sealed segments in the object store plus the local ones."""
         return sum(s.size for s in self.sealed) + sum(s.size for s in self.rolled) + self.active.size
 
     # ---- recovery ----------------------------------------------------------------------

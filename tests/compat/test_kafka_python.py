@@ -194,7 +194,7 @@ def test_a_group_keeps_its_generation_when_its_coordinator_moves(gateway_factory
 def test_log_dirs_report_each_led_partitions_size_once(gateway_factory, etcd, tmp_path):
     """DescribeLogDirs (kafka-log-dirs.sh; admin UIs' topic sizes) through kafka-python on
     two gateways: each reports the partitions it leads, with their bytes, in one log
-    directory named by the object store, so the sizes add up to the topic's once."""
+    directory (its data directory), so the sizes add up to the topic's once."""
     from cluster_fixtures import leaders, start_cluster
 
     gws = start_cluster(gateway_factory, etcd, tmp_path, 2)
@@ -220,7 +220,7 @@ def test_log_dirs_report_each_led_partitions_size_once(gateway_factory, etcd, tm
                 for part in t["partitions"]:
                     assert part["partition_index"] not in sizes  # once, by its leader
                     sizes[part["partition_index"]] = part["partition_size"]
-    assert dirs == {(tmp_path / "objects").as_uri()}
+    assert dirs == {str(gw.data_dir) for gw in gws}
     assert set(sizes) == {0, 1, 2, 3}
     # Each batch of n 1000-byte records is a little over n KB; more records, more bytes.
     assert all(1000 * (p + 1) < sizes[p] < 1000 * (p + 1) + 200 for p in range(4)), sizes
