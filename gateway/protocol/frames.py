@@ -110,7 +110,11 @@ def encode_response_parts(api_key: int, api_version: int, correlation_id: int, b
     flexible = schema.flexible(api_version) and api_key != ApiKey.API_VERSIONS
     w = Writer()
     w.int32(0)  # size, patched below
-    RESPONSE_HEADER.encode(w, Message(correlation_id=correlation_id), 1 if flexible else 0)
+    # The response header, written directly: it is the correlation id, then (v1) an empty
+    # tagged-field section, as RESPONSE_HEADER describes it.
+    w.int32(correlation_id)
+    if flexible:
+        w.buf.append(0)
     schema.encode(w, body, api_version)
     return _sized_parts(w)
 

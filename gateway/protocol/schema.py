@@ -37,6 +37,7 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 from .decoding import compile_struct_decoder
+from .encoding import compile_struct_encoder
 from .wire import DecodeError, Reader, Writer
 
 MAX_VERSION = 0x7FFF
@@ -137,12 +138,17 @@ class Schema:
     def encode(self, writer: Writer, msg: Any, version: int) -> None:
         """Append `msg` encoded at `version`; `EncodeError` if the schema does not allow it
         (the module docstring gives the rule)."""
-        enc = self._encoders.get(version)
-        if enc is None:
-            enc = self._encoders[version] = _struct_encoder(
-                self.fields, version, self.flexible(version))
+        fast = self._encoders.get(version)
+        if fast is None:
+            fast = self._encoders[version] = _fast_struct_encoder(self.fields, version, self.flexible(version))
+        mark = writer.mark()
         try:
-            enc(writer, msg)
+            fast(writer, msg)
+            return
+        except Exception:  # noqa: BLE001 - the checked encoder below writes it or says what is wrong
+            writer.rewind(mark)
+        try:
+            _struct_encoder(self.fields, version, self.flexible(version))(writer, msg)
         except EncodeError as e:
             e.schema, e.version = self.name, version
             raise
@@ -293,6 +299,14 @@ def _bad_value(segment: str, t: str, v: Any, e: Exception) -> EncodeError:
 @lru_cache(maxsize=None)
 def _struct_decoder(fields: tuple[Field, ...], version: int, flexible: bool) -> Decoder:
     return compile_struct_decoder(fields, version, flexible, Message, _struct_decoder)
+
+
+@lru_cache(maxsize=None)
+def _fast_struct_encoder(fields: tuple[Field, ...], version: int, flexible: bool) -> Encoder:
+    """The compiled encoder (see `encoding`), which leaves anything unusual to `_struct_encoder`."""
+    return compile_struct_encoder(fields, version, flexible, checked=_struct_encoder(fields, version, flexible),
+                                  nested=_fast_struct_encoder, empty_value=_empty_value, as_uuid=_as_uuid,
+                                  message=Message)
 
 
 @lru_cache(maxsize=None)
