@@ -55,7 +55,7 @@ async def produce(ctx: RequestContext, req):
     now_ms = broker.now_ms()
     responses = []
     waits: list[tuple[dict, object]] = []
-    txn_check = _TxnCheck(ctx, req.transactional_id)
+    txn_check = _TxnCheck(ctx, req.transactional_id) if req.transactional_id is not None else None
     for t in req.topic_data:
         parts = []
         for pd in t.partition_data:
@@ -67,7 +67,8 @@ async def produce(ctx: RequestContext, req):
                 resp = {"index": pd.index, "error_code": ErrorCode.TOPIC_AUTHORIZATION_FAILED,
                         "base_offset": -1}
                 wait = None
-            elif (refused := await txn_check.refusal(t.name, pd.index, pd.records)) is not None:
+            elif (refused := _non_transactional_refusal(pd.records) if txn_check is None
+                  else await txn_check.refusal(t.name, pd.index, pd.records)) is not None:
                 resp = {"index": pd.index, "error_code": refused[0], "base_offset": -1,
                         "error_message": refused[1]}
                 wait = None
@@ -100,7 +101,10 @@ def _await_commit(body: dict, waits, timeout_ms: int) -> asyncio.Future:
     """
     loop = asyncio.get_running_loop()
     answer = loop.create_future()
-    pending = {id(f): (resp, f) for resp, f in ((resp, asyncio.ensure_future(w)) for resp, w in waits)}
+    pending = {}
+    for resp, w in waits:
+        f = w if isinstance(w, asyncio.Future) else asyncio.ensure_future(w)
+        pending[id(f)] = (resp, f)
 
     def settle(f: asyncio.Future) -> None:
         entry = pending.pop(id(f), None)
@@ -133,10 +137,21 @@ def _await_commit(body: dict, waits, timeout_ms: int) -> asyncio.Future:
     return answer
 
 
-class _TxnCheck:
-    """Whether a partition's batches may be appended for the request's transactional id."""
+def _non_transactional_refusal(records) -> tuple[ErrorCode, str] | None:
+    """Why a request without a transactional id may not append these batches, or None."""
+    if records is None or len(records) < HEADER_SIZE:
+        return None  # the append refuses it
+    h = BatchHeader.parse(records, 0)
+    if h.is_transactional and not h.is_control:
+        return ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "transactional batches need a transactional id"
+    return None
 
-    def __init__(self, ctx: RequestContext, transactional_id: str | None):
+
+class _TxnCheck:
+    """Whether a partition's batches may be appended for the request's transactional id
+    (requests without one: `_non_transactional_refusal`)."""
+
+    def __init__(self, ctx: RequestContext, transactional_id: str):
         self.ctx = ctx
         self.transactional_id = transactional_id
         self._state = None
@@ -147,10 +162,6 @@ class _TxnCheck:
         if records is None or len(records) < HEADER_SIZE:
             return None  # the append refuses it
         h = BatchHeader.parse(records, 0)
-        if tid is None:
-            if h.is_transactional and not h.is_control:
-                return ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "transactional batches need a transactional id"
-            return None
         if not ctx.allowed(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, tid):
             return ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, f"WRITE on transactional id {tid!r} is not allowed"
         if not h.is_transactional or h.is_control:
