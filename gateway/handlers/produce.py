@@ -17,6 +17,7 @@ import asyncio
 from stratalog.coordinator.transactions import TxnStatus
 from stratalog.engine.errors import EngineError, InvalidRecord
 from stratalog.gateway.auth.acls import Operation, ResourceType
+from stratalog.gateway.coarse_timers import coarse_timers
 from stratalog.gateway.errors import error_code, error_message
 from stratalog.gateway.protocol.error_codes import ErrorCode
 from stratalog.gateway.quotas.rules import PRODUCER_BYTE_RATE
@@ -131,7 +132,7 @@ def _await_commit(body: dict, waits, timeout_ms: int) -> asyncio.Future:
         if not answer.done():
             answer.set_result(body)
 
-    timer = loop.call_later(max(timeout_ms, 1) / 1000, time_out)
+    timer = coarse_timers().call_later(max(timeout_ms, 1) / 1000, time_out)
     for _, f in list(pending.values()):
         f.add_done_callback(settle)
     return answer
