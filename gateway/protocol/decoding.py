@@ -103,8 +103,32 @@ def _read(target: str, f, version: int, flexible: bool, env: dict[str, Any], str
             elem = f"{_name(env, struct_decoder(f.fields, version, flexible))}(r)"
         else:
             elem = _primitive(elem_t, compact, False)
-        return [f"n = r.array_length({compact}, {nullable})",
-                f"{target} = None if n is None else [{elem} for _ in range(n)]"]
+        if compact:  # a length of one byte, not null, within the buffer: read here
+            length = ["p = r.pos",
+                      "if p < r.end and 0 < buf[p] < 0x80 and buf[p] < r.end - p:",
+                      "    n = buf[p] - 1",
+                      "    r.pos = p + 1",
+                      "else:",
+                      f"    n = r.array_length(True, {nullable})"]
+        else:
+            length = [f"n = r.array_length(False, {nullable})"]
+        return length + [f"{target} = None if n is None else [{elem} for _ in range(n)]"]
+    if f.type == "string":  # a short non-null string, whole in the buffer: read here
+        env["I16"] = _I16
+        if compact:
+            fits = ["p = r.pos",
+                    "if p < r.end and 0 < buf[p] < 0x80 and p + buf[p] <= r.end:",
+                    "    e = p + buf[p]",
+                    "    r.pos = e",
+                    f"    {target} = r._text(buf[p + 1:e])"]
+        else:
+            fits = ["p = r.pos",
+                    "n = I16.unpack_from(buf, p)[0] if p + 2 <= r.end else -1",
+                    "if n >= 0 and p + 2 + n <= r.end:",
+                    "    r.pos = p + 2 + n",
+                    f"    {target} = r._text(buf[p + 2:p + 2 + n])"]
+        return fits + ["else:  # nulls, long strings and errors, as the reader has them",
+                       f"    {target} = {_primitive('string', compact, nullable)}"]
     fixed = _FIXED.get(f.type)
     if fixed is not None:
         s = _name(env, fixed)
