@@ -13,6 +13,8 @@ back the last stable offset for ever).
 from __future__ import annotations
 
 import asyncio
+import logging
+from typing import Callable
 
 from stratalog.coordinator.transactions import TxnStatus
 from stratalog.engine.errors import EngineError, InvalidRecord
@@ -24,6 +26,8 @@ from stratalog.gateway.quotas.rules import PRODUCER_BYTE_RATE
 from stratalog.tiering.batch import HEADER_SIZE, BatchHeader
 
 from .registry import NO_RESPONSE, ApiKey, Deferred, RequestContext, handles
+
+log = logging.getLogger(__name__)
 
 
 def _produce_partition(broker, topic: str, index: int, records, now_ms: int, version: int):
@@ -122,8 +126,7 @@ def _await_commit(body: dict, waits, timeout_ms: int) -> asyncio.Future:
             answer.set_result(body)
 
     def time_out() -> None:
-        for resp, f in pending.values():
-            f.remove_done_callback(settle)
+        for resp, f in pending.values():  # cleared below, so `settle` ignores them later
             if isinstance(f, asyncio.Task):
                 f.cancel()  # a retried batch's wait for its original, ours alone
             resp["error_code"] = ErrorCode.REQUEST_TIMED_OUT
@@ -134,8 +137,29 @@ def _await_commit(body: dict, waits, timeout_ms: int) -> asyncio.Future:
 
     timer = coarse_timers().call_later(max(timeout_ms, 1) / 1000, time_out)
     for _, f in list(pending.values()):
-        f.add_done_callback(settle)
+        _when_done(f, settle)
     return answer
+
+
+# Callbacks waiting on each commit future, run together by one done-callback of the future:
+# a WAL flush then wakes the event loop once per partition, not once per request.
+_WAITING: dict[asyncio.Future, list[Callable[[asyncio.Future], None]]] = {}
+
+
+def _when_done(f: asyncio.Future, callback: Callable[[asyncio.Future], None]) -> None:
+    waiting = _WAITING.get(f)
+    if waiting is None:
+        waiting = _WAITING[f] = []
+        f.add_done_callback(_settle_waiting)
+    waiting.append(callback)
+
+
+def _settle_waiting(f: asyncio.Future) -> None:
+    for callback in _WAITING.pop(f, ()):
+        try:
+            callback(f)
+        except Exception:  # noqa: BLE001 - one request's bug must not keep the others waiting
+            log.exception("settling a produce request's commit wait failed")
 
 
 def _non_transactional_refusal(records) -> tuple[ErrorCode, str] | None:
