@@ -309,23 +309,28 @@ class GatewayServer:
         request of one WAL flush) go out in one write: a system call costs as much here as
         encoding a small response."""
         out: list = []
+        gathered = 0  # bytes in `out`, counted as answers are added (not summed again each time)
         item = _NOTHING
         try:
             while True:
                 if item is _NOTHING:
                     await self._send(out, writer)
+                    gathered = 0
                     item = await responses.get()
                 if item is None:
                     return
                 if out and _must_wait(item):
                     await self._send(out, writer)
+                    gathered = 0
+                before = len(out)
                 try:
                     if not await self._answer(item, writer, out, activity):
                         return
                 finally:
                     activity.pending -= 1
                     activity.last = time.monotonic()
-                if responses.empty() or sum(map(len, out)) >= COALESCE_BYTES:
+                gathered += sum(map(len, out[before:]))
+                if responses.empty() or gathered >= COALESCE_BYTES:
                     item = _NOTHING
                 else:
                     item = responses.get_nowait()
