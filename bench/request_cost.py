@@ -118,8 +118,10 @@ async def in_process(n: int, records: int) -> list[tuple[str, float]]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def server_cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def server_cpu_seconds(pid: int, event_loop_only: bool = False) -> float:
+    """CPU seconds of a process, or of its main thread (the event loop) alone."""
+    path = f"/proc/{pid}/task/{pid}/stat" if event_loop_only else f"/proc/{pid}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -155,6 +157,7 @@ class Flood:
     answers: list[tuple[float, float]]
     requests: int = 0  # answered, warm-up included
     server_cpu: float = 0.0
+    loop_cpu: float = 0.0  # of it, the event loop's (the main thread's)
 
     def rate(self) -> float:
         return len(self.answers) / self.seconds
@@ -221,6 +224,60 @@ async def flood(port: int, rate: float, seconds: float, connections: int, record
     return result
 
 
+# A produced request's steps in the gateway, each named by the functions whose samples it
+# takes; a sample goes to the step of its innermost frame that names one (so the handler's
+# own lines count as glue, the append it calls as the append's parts).
+STEPS = (
+    ("read the frame (socket to bytes)", ("StreamReader.readexactly", "StreamReader.feed_data",
+                                          "StreamReaderProtocol.data_received", "RequestMemory.acquire")),
+    ("decode the request", ("decode_request", "decode_struct_", "Schema.decode")),
+    ("auth, ACL, quota and transaction checks", ("ClientQuotas.", "RequestContext.allowed", "Session.",
+                                                  "_TxnCheck.", "_non_transactional_refusal", "LoopTime.")),
+    ("partition lookup", ("LogEngine.partition", "LogEngine.leader")),
+    ("validate the batch (sizes, CRC-32C, timestamps)", ("LogEngine._validate", "validate_batches",
+                                                         "split_batches", "_crc_matches", "BatchHeader.parse")),
+    ("idempotent sequence checks", ("PartitionLog.check_duplicate", "ProducerTable.")),
+    ("assign offsets, write the local segment", ("PartitionLog.append", "ActiveSegment.", "patch_batch",
+                                                  "_local_write", "Sealer.maybe_roll")),
+    ("put it in the WAL buffer", ("WalWriter.add", "WalBuilder.add")),
+    ("count it (metrics)", ("GatewayMetrics.",)),
+    ("wait for the commit (futures, timeouts, wake-ups)", ("_await_commit", "_when_done", "_settle_waiting",
+                                                           "CoarseTimers.", "Deferred.")),
+    ("encode the response", ("encode_response_parts", "encode_struct_", "Schema.encode", "_struct_encoder")),
+    ("write the answers to the socket", ("StreamWriter.writelines", "StreamWriter.drain", "GatewayServer._send")),
+    ("drive WAL flushes (build, upload, commit)", ("WalWriter._run", "WalWriter._flush", "WalBuilder.build")),
+    ("handler and server glue", ("produce", "_produce_partition", "LogEngine.append", "GatewayServer.",
+                                 "RequestContext", "Queue.")),
+)
+
+
+def breakdown(profile: Path) -> tuple[list[tuple[str, float]], float]:
+    """The event loop's (main thread's) samples by step, as fractions of them (the rest is
+    the loop itself: its socket calls, scheduling, garbage collection), and the other
+    threads' samples (WAL file writes and fsyncs, coordinator commits) as a fraction of the
+    main thread's."""
+    main = other = 0
+    counts = dict.fromkeys([step for step, _ in STEPS] + ["the event loop itself (uvloop, GC)"], 0)
+    for line in profile.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        frames = stack.split(";")
+        if "MainThread" not in frames[0]:
+            other += int(n)
+            continue
+        main += int(n)
+        counts[_step(frames[1:])] += int(n)
+    return [(step, count / max(main, 1)) for step, count in counts.items()], other / max(main, 1)
+
+
+def _step(frames: list[str]) -> str:
+    for frame in reversed(frames):
+        function = frame.split(" (", 1)[0]
+        for step, names in STEPS:
+            if any(function == n or (n.endswith(("_", ".")) and function.startswith(n)) for n in names):
+                return step
+    return "the event loop itself (uvloop, GC)"
+
+
 def py_spy(pid: int, output: Path) -> subprocess.Popen:
     """py-spy sampling a process into `output` (collapsed stacks) until it gets SIGINT."""
     spy = subprocess.Popen([shutil.which("py-spy", path=Path(sys.executable).parent) or "py-spy", "record",
@@ -253,9 +310,10 @@ def over_socket(n: int, records: int, rate: float, seconds: float, connections: 
         cpu_us = (server_cpu_seconds(child.pid) - before) / n * 1e6
         spy = py_spy(child.pid, profile) if profile is not None else None
         try:
-            before = server_cpu_seconds(child.pid)
+            before, loop_before = server_cpu_seconds(child.pid), server_cpu_seconds(child.pid, True)
             flooded = asyncio.run(flood(port, rate, seconds, connections, records))
             flooded.server_cpu = server_cpu_seconds(child.pid) - before
+            flooded.loop_cpu = server_cpu_seconds(child.pid, True) - loop_before
         finally:
             if spy is not None:
                 spy.send_signal(signal.SIGINT)
@@ -293,6 +351,14 @@ def main() -> None:
           f"{args.seconds:.0f} s: {flooded.rate():.0f} answered a second, p50 {flooded.percentile_ms(0.5):.1f} ms, "
           f"p99 {flooded.percentile_ms(0.99):.1f} ms, max {flooded.percentile_ms(1):.1f} ms; server CPU "
           f"{flooded.server_cpu / max(flooded.requests, 1) * 1e6:.0f} µs per request")
+    if args.profile is not None:
+        steps, others = breakdown(args.profile)
+        loop_us = flooded.loop_cpu / max(flooded.requests, 1) * 1e6
+        print(f"\nWhere the event loop's {loop_us:.0f} µs per request went (py-spy samples of the main thread):")
+        for step, share in steps:
+            print(f"  {step:<52} {share * 100:5.1f}%  {share * loop_us:6.1f} µs")
+        print(f"  other threads (WAL file writes and fsyncs, coordinator commits): {others * 100:.0f}% as many "
+              f"samples as the event loop")
     if args.timeline:
         for second, p99_ms, worst_ms in flooded.per_second():
             print(f"  second {second:3d}: p99 {p99_ms:7.1f} ms, max {worst_ms:7.1f} ms")
