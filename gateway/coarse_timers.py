@@ -33,17 +33,19 @@ class CoarseHandle:
 class CoarseTimers:
     """The coarse timers of one event loop (`coarse_timers()` gives the running loop's)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
+    def __init__(self) -> None:
+        # No reference to the loop: it is the key of _BY_LOOP, which must not keep it alive.
         self._due: dict[int, dict[CoarseHandle, None]] = {}  # tick -> callbacks due then
 
     def call_later(self, delay_s: float, callback: Callable[[], None]) -> CoarseHandle:
-        """Run `callback` once `delay_s` has passed (up to TICK_S later), unless cancelled."""
-        tick = math.ceil((self.loop.time() + delay_s) / TICK_S)
+        """Run `callback` once `delay_s` has passed (up to TICK_S later), unless cancelled;
+        on the running loop, whose timers these are."""
+        loop = asyncio.get_running_loop()
+        tick = math.ceil((loop.time() + delay_s) / TICK_S)
         group = self._due.get(tick)
         if group is None:
             group = self._due[tick] = {}
-            self.loop.call_at(tick * TICK_S, self._fire, tick)
+            loop.call_at(tick * TICK_S, self._fire, tick)
         handle = CoarseHandle(group, callback)
         group[handle] = None
         return handle
@@ -57,5 +59,5 @@ def coarse_timers() -> CoarseTimers:
     loop = asyncio.get_running_loop()
     timers = _BY_LOOP.get(loop)
     if timers is None:
-        timers = _BY_LOOP[loop] = CoarseTimers(loop)
+        timers = _BY_LOOP[loop] = CoarseTimers()
     return timers
