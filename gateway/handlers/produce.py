@@ -142,7 +142,9 @@ def _await_commit(body: dict, waits, timeout_ms: int) -> asyncio.Future:
 
 
 # Callbacks waiting on each commit future, run together by one done-callback of the future:
-# a WAL flush then wakes the event loop once per partition, not once per request.
+# a WAL flush then wakes the event loop once per partition, not once per request. Every
+# commit future ends (committed, failed, or told WalCommitDelayed), which removes its entry;
+# only a stop that abandons its last flush leaves some, as the process ends.
 _WAITING: dict[asyncio.Future, list[Callable[[asyncio.Future], None]]] = {}
 
 
