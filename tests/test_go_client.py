@@ -1,0 +1,258 @@
+"""Sarama 1.22.1 (Debian's golang-github-shopify-sarama-dev) against a real `stratalog serve`.
+
+tests/clients/go is one Go program, built once per session in GOPATH mode from Debian's
+sources (no network), that runs the scenarios named on its command line and prints JSON
+lines: produced records (SyncProducer, acks=all, idempotent or not, every codec), records
+read by a PartitionConsumer from an offset, a ConsumerGroup whose two members join and
+leave (range and round-robin), the ClusterAdmin's topic life, all of it also over SASL_SSL
+with SCRAM-SHA-512 (xdg-go/scram from Debian) and PLAIN.
+
+Sarama 1.22's own limits, worked around in the Go program and not the gateway's to fix:
+- it speaks Kafka up to 2.2; `config.Version = V2_1_0_0` (zstd needs 2.1);
+- it commits with OffsetCommit v1 unless `Consumer.Offsets.Retention` is set, and Kafka
+  4.0 removed v0-v1 (KIP-896) as the gateway does, so the members set a retention (v2);
+- ClusterAdmin.DescribeCluster sends Metadata v0, which carries no controller id: it
+  reports -1 whatever the gateway would say.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from conftest import GatewayProcess
+from stratalog.infra.processes import free_port
+from tests.compat.stored_batches import CODEC_IDS, stored_codecs
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = ROOT / "tests" / "clients" / "go"
+GOPATH = Path("/usr/share/gocode")  # where Debian's golang-*-dev packages put their sources
+GO = shutil.which("go")
+if GO is None:
+    pytest.skip("go is not installed (Debian: golang-go)", allow_module_level=True)
+for package, deb in (("github.com/Shopify/sarama", "golang-github-shopify-sarama-dev"),
+                     ("github.com/xdg-go/scram", "golang-github-xdg-go-scram-dev")):
+    if not (GOPATH / "src" / package).is_dir():
+        pytest.skip(f"{package} is not installed (Debian: {deb})", allow_module_level=True)
+
+ck = pytest.importorskip("confluent_kafka", reason="confluent-kafka (topic creation) is not installed")
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
+CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
+USER, PASSWORD = "gopher", "gopher-secret-1"
+PARTITIONS = 4
+
+
+@pytest.fixture(scope="session")
+def gokafka(tmp_path_factory) -> Path:
+    """The program, compiled once: GOPATH mode on Debian's sources, no module proxy."""
+    binary = tmp_path_factory.mktemp("go") / "gokafka"
+    env = {**os.environ, "GOPATH": str(GOPATH), "GO111MODULE": "off", "GOPROXY": "off", "GOFLAGS": ""}
+    built = subprocess.run([GO, "build", "-o", str(binary), "."], cwd=SOURCE, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, f"go build failed:\n{built.stderr[-3000:]}"
+    return binary
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory):
+    """One plaintext gateway for the module (started once: the file must stay fast)."""
+    g = GatewayProcess(tmp_path_factory.mktemp("go-gw") / "data").start()
+    yield g
+    g.stop()
+
+
+def run(binary: Path, bootstrap: str, *args: str, ok: bool = True, timeout: float = 90) -> list[dict]:
+    proc = subprocess.run([str(binary), "-brokers", bootstrap, *args], capture_output=True, text=True,
+                          timeout=timeout)
+    events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    if ok:
+        assert proc.returncode == 0, f"{args}: exit {proc.returncode}: {events[-1:]}\n{proc.stderr[-3000:]}"
+    return events
+
+
+def of(events: list[dict], kind: str) -> list[dict]:
+    return [e for e in events if e["ev"] == kind]
+
+
+def new_topic(bootstrap: str, partitions: int = PARTITIONS) -> str:
+    """A topic made by the gateway's auto-creation rules would not have our partition count."""
+    topic = f"go-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(15)
+    return topic
+
+
+def expected(index: int, codec: str) -> dict:
+    """Record number `index` as the Go program's `message` makes it."""
+    return {"key": f"key-{index}", "value": f"value-{index}-{codec}-" + "stratalog " * (1 + index % 4),
+            "headers": [["index", str(index)], ["codec", codec], ["empty", ""]]}
+
+
+def assert_records_match(produced: list[dict], consumed: list[dict], codec: str) -> None:
+    """Every produced record read back exactly once, at its partition and offset, intact."""
+    at = Counter((r["p"], r["o"]) for r in consumed)
+    assert [k for k, n in at.items() if n > 1] == [], "records read more than once"
+    by_place = {(r["p"], r["o"]): r for r in consumed}
+    assert set(by_place) == {(p["p"], p["o"]) for p in produced}
+    for p in produced:
+        got = by_place[(p["p"], p["o"])]
+        assert {k: got[k] for k in ("key", "value", "headers")} == expected(p["index"], codec)
+
+
+# --- producing and reading back ------------------------------------------------------------
+
+@pytest.mark.parametrize("idempotent", [False, True], ids=["acks-all", "idempotent"])
+@pytest.mark.parametrize("codec", CODECS)
+def test_sync_producer_codecs_and_partition_consumer(gw, gokafka, codec, idempotent):
+    topic = new_topic(gw.bootstrap)
+    flags = ["-topic", topic, "-codec", codec, "-count", "40"] + (["-idempotent"] if idempotent else [])
+    produced = of(run(gokafka, gw.bootstrap, *flags, "produce"), "produced")
+    assert len(produced) == 40
+    partitions = Counter(p["p"] for p in produced)
+    assert len(partitions) == PARTITIONS, f"keys should spread over every partition: {partitions}"
+    for partition, n in partitions.items():
+        # Offsets of one partition are dense from 0, in the order the records were sent.
+        mine = [p for p in produced if p["p"] == partition]
+        assert [p["o"] for p in mine] == list(range(n))
+        assert [p["index"] for p in mine] == sorted(p["index"] for p in mine)
+        # Every batch Sarama sent (one per partition, flushed per SendMessages) has the codec.
+        codecs = stored_codecs(gw.bootstrap, topic, partition)
+        assert codecs and set(codecs) == {CODEC_IDS[codec]}
+
+    consumed = []
+    for partition, n in partitions.items():
+        events = run(gokafka, gw.bootstrap, "-topic", topic, "-partition", str(partition), "-offset", "0",
+                     "-count", str(n), "consume")
+        consumed += of(events, "record")
+        assert of(events, "hwm") == [{"ev": "hwm", "p": partition, "o": n}]
+    assert_records_match(produced, consumed, codec)
+
+
+def test_partition_consumer_from_an_offset(gw, gokafka):
+    topic = new_topic(gw.bootstrap, partitions=1)
+    produced = of(run(gokafka, gw.bootstrap, "-topic", topic, "-codec", "lz4", "-count", "30", "produce"),
+                  "produced")
+    events = run(gokafka, gw.bootstrap, "-topic", topic, "-offset", "17", "-count", "13", "consume")
+    got = of(events, "record")
+    assert [r["o"] for r in got] == list(range(17, 30))
+    assert [r["key"] for r in got] == [f"key-{p['index']}" for p in produced[17:]]
+    assert of(events, "hwm")[0]["o"] == 30
+
+
+# --- consumer group --------------------------------------------------------------------
+
+@pytest.mark.parametrize("strategy", ["range", "roundrobin"])
+def test_consumer_group_members_join_and_leave(gw, gokafka, strategy):
+    topic = new_topic(gw.bootstrap)
+    group = f"go-group-{uuid.uuid4().hex[:6]}"
+    events = run(gokafka, gw.bootstrap, "-topic", topic, "-group", group, "-strategy", strategy,
+                 "-count", "20", "group")
+    produced, consumed = of(events, "produced"), of(events, "record")
+    assert len(produced) == 60
+    assert_records_match(produced, consumed, "none")
+
+    # a alone holds everything; then a and b split the partitions; then b alone.
+    assigned = [(e["member"], tuple(e["partitions"])) for e in of(events, "assigned")]
+    everything = tuple(range(PARTITIONS))
+    assert assigned[0] == ("a", everything) and assigned[-1] == ("b", everything)
+    split = {tuple(p) for m, p in assigned[1:-1]}
+    assert {m for m, _ in assigned[1:-1]} == {"a", "b"} and len(split) == 2
+    if strategy == "range":
+        assert split == {(0, 1), (2, 3)}
+    else:
+        assert split == {(0, 2), (1, 3)}
+    # Records of phase 1 went to a, phase 3 to b; phase 2 to whoever held the partition.
+    by_index = {(p["p"], p["o"]): p["index"] for p in produced}
+    members = {by_index[(r["p"], r["o"])]: r["member"] for r in consumed}
+    assert {members[i] for i in range(20)} == {"a"} and {members[i] for i in range(40, 60)} == {"b"}
+    assert {members[i] for i in range(20, 40)} == {"a", "b"}
+
+    # Committed offsets (OffsetFetch through the ClusterAdmin) are the partitions' ends.
+    offsets = of(events, "offsets")
+    assert len(offsets) == PARTITIONS and all(o["committed"] == o["end"] > 0 for o in offsets)
+    assert sum(o["end"] for o in offsets) == 60
+
+
+# --- ClusterAdmin ----------------------------------------------------------------------
+
+def test_cluster_admin_topic_life(gw, gokafka):
+    topic = f"go-admin-{uuid.uuid4().hex[:6]}"
+    events = run(gokafka, gw.bootstrap, "-topic", topic, "admin")
+    assert of(events, "created") == [{"ev": "created", "topic": topic}]
+    assert "already exists" in of(events, "created-again")[0]["error"]
+    listed_before, listed_after = of(events, "topics")
+    assert listed_before["topics"][topic] == {"partitions": 3, "replication": 1}
+    assert topic not in listed_after["topics"]
+    configs = of(events, "configs")[0]["configs"]
+    assert configs["retention.ms"] == {"value": "3600000", "default": False, "read_only": False,
+                                       "sensitive": False}
+    assert configs["cleanup.policy"]["value"] == "delete" and not configs["cleanup.policy"]["default"]
+    assert configs["segment.bytes"]["default"] is True
+    assert of(events, "configs-named")[0]["names"] == ["retention.ms"]
+    cluster = of(events, "cluster")[0]
+    assert cluster["brokers"] == [gw.bootstrap]
+    assert cluster["controller"] == -1  # Sarama 1.22 asks with Metadata v0: no controller id
+    assert of(events, "deleted") == [{"ev": "deleted", "topic": topic}]
+    assert "does not exist" in of(events, "deleted-again")[0]["error"]
+
+
+# --- SASL over TLS ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory):
+    """A gateway with a SASL_SSL listener beside PLAINTEXT, users added with `stratalog users`."""
+    pytest.importorskip("cryptography", reason="cryptography (certificates for the test) is not installed")
+    from stratalog.infra import devcerts
+    tmp = tmp_path_factory.mktemp("go-secure")
+    certs = devcerts.make(tmp / "certs")
+    data = tmp / "data"
+    added = subprocess.run([sys.executable, "-m", "stratalog.infra.cli", "users", "add", USER, "--password",
+                            PASSWORD, "--mechanism", "SCRAM-SHA-512", "--data-dir", str(data)],
+                           capture_output=True, text=True, timeout=60)
+    assert added.returncode == 0, added.stderr
+    g = GatewayProcess(data)
+    sasl_port = free_port()
+    g.settings.update({"listeners": f"PLAINTEXT://{g.bootstrap},SASL_SSL://127.0.0.1:{sasl_port}",
+                       "sasl.enabled.mechanisms": "SCRAM-SHA-512,PLAIN",
+                       "ssl.keystore.location": str(certs.server), "ssl.truststore.location": str(certs.ca)})
+    g.start()
+    yield g, f"127.0.0.1:{sasl_port}", certs.ca
+    g.stop()
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-512", "PLAIN"])
+def test_sasl_ssl_produce_consume_and_group(secure, gokafka, mechanism):
+    g, address, ca = secure
+    sasl = ["-tls-ca", str(ca), "-sasl", mechanism, "-user", USER, "-password", PASSWORD]
+    topic = new_topic(g.bootstrap, partitions=2)
+    events = run(gokafka, address, *sasl, "-topic", topic, "-codec", "zstd", "-count", "10", "-idempotent",
+                 "produce")
+    produced = of(events, "produced")
+    n0 = sum(1 for p in produced if p["p"] == 0)
+    read = run(gokafka, address, *sasl, "-topic", topic, "-count", str(n0), "consume")
+    assert_records_match([p for p in produced if p["p"] == 0], of(read, "record"), "zstd")
+    fresh = new_topic(g.bootstrap, partitions=2)  # the group scenario counts what it produces
+    grouped = run(gokafka, address, *sasl, "-topic", fresh, "-group", f"g-{fresh}", "-count", "4", "group")
+    assert_records_match(of(grouped, "produced"), of(grouped, "record"), "none")
+    offsets = of(grouped, "offsets")
+    assert len(offsets) == 2 and all(o["committed"] == o["end"] for o in offsets), offsets
+
+
+def test_a_wrong_password_fails_and_writes_nothing(secure, gokafka):
+    g, address, ca = secure
+    topic = new_topic(g.bootstrap, partitions=1)
+    for mechanism in ("SCRAM-SHA-512", "PLAIN"):
+        events = run(gokafka, address, "-tls-ca", str(ca), "-sasl", mechanism, "-user", USER,
+                     "-password", "wrong", "-topic", topic, "-count", "3", "produce", ok=False)
+        assert events[-1]["ev"] == "error" and not of(events, "produced")
+        assert "SASL" in events[-1]["error"] or "authenticat" in events[-1]["error"].lower(), events[-1]
+    assert stored_codecs(g.bootstrap, topic, 0) == []  # nothing was written
