@@ -4,7 +4,8 @@ tests/clients/go is one Go program, built once per session in GOPATH mode from D
 sources (no network), that runs the scenarios named on its command line and prints JSON
 lines: produced records (SyncProducer, acks=all, idempotent or not, every codec), records
 read by a PartitionConsumer from an offset, a ConsumerGroup whose two members join and
-leave (range and round-robin), the ClusterAdmin's topic life, all of it also over SASL_SSL
+leave (range and round-robin), the ClusterAdmin's topic life (configs, partitions,
+DeleteRecords, groups), records larger than the fetch size, all of it also over SASL_SSL
 with SCRAM-SHA-512 (xdg-go/scram from Debian) and PLAIN.
 
 Sarama 1.22's own limits, worked around in the Go program and not the gateway's to fix:
@@ -148,6 +149,29 @@ def test_partition_consumer_from_an_offset(gw, gokafka):
     assert of(events, "hwm")[0]["o"] == 30
 
 
+def test_delete_records_moves_where_the_oldest_offset_starts(gw, gokafka):
+    topic = new_topic(gw.bootstrap, partitions=1)
+    run(gokafka, gw.bootstrap, "-topic", topic, "-count", "30", "produce")
+    assert of(run(gokafka, gw.bootstrap, "-topic", topic, "-offset", "10", "delete-records"),
+              "records-deleted") == [{"ev": "records-deleted", "p": 0, "before": 10}]
+    oldest = of(run(gokafka, gw.bootstrap, "-topic", topic, "-offset", "-2", "-count", "3", "consume"), "record")
+    assert [r["o"] for r in oldest] == [10, 11, 12] and oldest[0]["key"] == "key-10"
+    refused = run(gokafka, gw.bootstrap, "-topic", topic, "-offset", "5", "-count", "1", "consume")
+    assert "outside the range of offsets" in of(refused, "consume-refused")[0]["error"]
+
+
+def test_records_larger_than_the_fetch_size_still_arrive(gw, gokafka):
+    """Sarama asks for Consumer.Fetch.Default bytes (1 KiB here) and doubles it when a
+    response holds only part of a batch: the gateway must send the first batch whole."""
+    topic = new_topic(gw.bootstrap, partitions=1)
+    produced = of(run(gokafka, gw.bootstrap, "-topic", topic, "-count", "6", "-value-bytes", "200000",
+                      "-codec", "none", "produce"), "produced")
+    got = of(run(gokafka, gw.bootstrap, "-topic", topic, "-count", "6", "-fetch-bytes", "1024", "consume"),
+             "record")
+    assert [r["o"] for r in got] == [p["o"] for p in produced] == list(range(6))
+    assert all(len(r["value"]) == 200000 and r["value"].startswith(f"value-{r['o']}-none-") for r in got)
+
+
 # --- consumer group --------------------------------------------------------------------
 
 @pytest.mark.parametrize("strategy", ["range", "roundrobin"])
@@ -180,6 +204,9 @@ def test_consumer_group_members_join_and_leave(gw, gokafka, strategy):
     offsets = of(events, "offsets")
     assert len(offsets) == PARTITIONS and all(o["committed"] == o["end"] > 0 for o in offsets)
     assert sum(o["end"] for o in offsets) == 60
+    # Both members left: ListConsumerGroups / DescribeConsumerGroups see an empty group.
+    assert of(events, "group") == [{"ev": "group", "listed_type": "consumer", "state": "Empty",
+                                    "protocol_type": "consumer", "members": 0, "error": 0}]
 
 
 # --- ClusterAdmin ----------------------------------------------------------------------
@@ -190,7 +217,7 @@ def test_cluster_admin_topic_life(gw, gokafka):
     assert of(events, "created") == [{"ev": "created", "topic": topic}]
     assert "already exists" in of(events, "created-again")[0]["error"]
     listed_before, listed_after = of(events, "topics")
-    assert listed_before["topics"][topic] == {"partitions": 3, "replication": 1}
+    assert listed_before["topics"][topic] == {"partitions": 3, "replication": 1}  # before CreatePartitions
     assert topic not in listed_after["topics"]
     configs = of(events, "configs")[0]["configs"]
     assert configs["retention.ms"] == {"value": "3600000", "default": False, "read_only": False,
@@ -198,6 +225,10 @@ def test_cluster_admin_topic_life(gw, gokafka):
     assert configs["cleanup.policy"]["value"] == "delete" and not configs["cleanup.policy"]["default"]
     assert configs["segment.bytes"]["default"] is True
     assert of(events, "configs-named")[0]["names"] == ["retention.ms"]
+    # AlterConfig (AlterConfigs) replaces the topic's configs: cleanup.policy is back to default.
+    assert of(events, "altered")[0]["configs"] == {"retention.ms": {"value": "86400000", "default": False},
+                                                   "cleanup.policy": {"value": "delete", "default": True}}
+    assert of(events, "described") == [{"ev": "described", "partitions": 5, "error": 0}]  # CreatePartitions
     cluster = of(events, "cluster")[0]
     assert cluster["brokers"] == [gw.bootstrap]
     assert cluster["controller"] == -1  # Sarama 1.22 asks with Metadata v0: no controller id

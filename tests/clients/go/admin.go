@@ -51,6 +51,31 @@ func admin() error {
 	}
 	emit(map[string]interface{}{"ev": "configs-named", "names": names})
 
+	// AlterConfig replaces the topic's dynamic configs as a whole (Kafka's AlterConfigs).
+	day := "86400000"
+	if err := adm.AlterConfig(sarama.TopicResource, opts.topic, map[string]*string{"retention.ms": &day}, false); err != nil {
+		return err
+	}
+	altered, err := adm.DescribeConfig(sarama.ConfigResource{Type: sarama.TopicResource, Name: opts.topic,
+		ConfigNames: []string{"retention.ms", "cleanup.policy"}})
+	if err != nil {
+		return err
+	}
+	after := map[string]interface{}{}
+	for _, e := range altered {
+		after[e.Name] = map[string]interface{}{"value": e.Value, "default": e.Default}
+	}
+	emit(map[string]interface{}{"ev": "altered", "configs": after})
+	if err := adm.CreatePartitions(opts.topic, 5, nil, false); err != nil {
+		return err
+	}
+	described, err := adm.DescribeTopics([]string{opts.topic})
+	if err != nil {
+		return err
+	}
+	emit(map[string]interface{}{"ev": "described", "partitions": len(described[0].Partitions),
+		"error": int16(described[0].Err)})
+
 	brokers, controller, err := adm.DescribeCluster()
 	if err != nil {
 		return err

@@ -137,6 +137,17 @@ func reportOffsets(partitions []int32) error {
 		}
 		emit(map[string]interface{}{"ev": "offsets", "p": p, "committed": block.Offset, "end": end})
 	}
+	groups, err := adm.ListConsumerGroups()
+	if err != nil {
+		return err
+	}
+	described, err := adm.DescribeConsumerGroups([]string{opts.group})
+	if err != nil {
+		return err
+	}
+	d := described[0]
+	emit(map[string]interface{}{"ev": "group", "listed_type": groups[opts.group], "state": d.State,
+		"protocol_type": d.ProtocolType, "members": len(d.Members), "error": int16(d.Err)})
 	return nil
 }
 

@@ -39,6 +39,8 @@ type options struct {
 	mechanism  string
 	user       string
 	password   string
+	fetchBytes int
+	valueBytes int
 	verbose    bool
 }
 
@@ -59,6 +61,8 @@ func main() {
 	flag.StringVar(&opts.mechanism, "sasl", "", "SCRAM-SHA-512 or PLAIN")
 	flag.StringVar(&opts.user, "user", "", "SASL user")
 	flag.StringVar(&opts.password, "password", "", "SASL password")
+	flag.IntVar(&opts.fetchBytes, "fetch-bytes", 0, "Consumer.Fetch.Default (0: Sarama's)")
+	flag.IntVar(&opts.valueBytes, "value-bytes", 0, "pad each value to at least this size")
 	flag.BoolVar(&opts.verbose, "v", false, "Sarama's log on stderr")
 	flag.Parse()
 	if opts.verbose {
@@ -66,6 +70,7 @@ func main() {
 	}
 	scenarios := map[string]func() error{
 		"produce": produce, "consume": consume, "group": group, "admin": admin,
+		"delete-records": deleteRecords,
 	}
 	for _, name := range flag.Args() {
 		run, ok := scenarios[name]
@@ -151,10 +156,14 @@ var codecs = map[string]sarama.CompressionCodec{
 // message is record number i of a run: keyed (so the hash partitioner spreads records over
 // the partitions), a compressible value, and headers including an empty one.
 func message(i int) *sarama.ProducerMessage {
+	value := fmt.Sprintf("value-%d-%s-%s", i, opts.codec, strings.Repeat("stratalog ", 1+i%4))
+	if pad := opts.valueBytes - len(value); pad > 0 {
+		value += strings.Repeat("#", pad)
+	}
 	return &sarama.ProducerMessage{
 		Topic: opts.topic,
 		Key:   sarama.StringEncoder(fmt.Sprintf("key-%d", i)),
-		Value: sarama.StringEncoder(fmt.Sprintf("value-%d-%s-%s", i, opts.codec, strings.Repeat("stratalog ", 1+i%4))),
+		Value: sarama.StringEncoder(value),
 		Headers: []sarama.RecordHeader{
 			{Key: []byte("index"), Value: []byte(fmt.Sprint(i))},
 			{Key: []byte("codec"), Value: []byte(opts.codec)},
@@ -232,6 +241,9 @@ func consume() error {
 	if err != nil {
 		return err
 	}
+	if opts.fetchBytes > 0 {
+		c.Consumer.Fetch.Default = int32(opts.fetchBytes)
+	}
 	consumer, err := sarama.NewConsumer(strings.Split(opts.brokers, ","), c)
 	if err != nil {
 		return err
@@ -239,7 +251,9 @@ func consume() error {
 	defer consumer.Close()
 	pc, err := consumer.ConsumePartition(opts.topic, int32(opts.partition), opts.offset)
 	if err != nil {
-		return err
+		// Reported, not failed: an offset out of range is an answer the test asks for.
+		emit(map[string]interface{}{"ev": "consume-refused", "error": err.Error()})
+		return nil
 	}
 	defer pc.Close()
 	deadline := time.After(20 * time.Second)
@@ -254,5 +268,23 @@ func consume() error {
 		}
 	}
 	emit(map[string]interface{}{"ev": "hwm", "p": opts.partition, "o": pc.HighWaterMarkOffset()})
+	return nil
+}
+
+// deleteRecords moves the partition's log start to -offset with ClusterAdmin.DeleteRecords.
+func deleteRecords() error {
+	c, err := config()
+	if err != nil {
+		return err
+	}
+	adm, err := sarama.NewClusterAdmin(strings.Split(opts.brokers, ","), c)
+	if err != nil {
+		return err
+	}
+	defer adm.Close()
+	if err := adm.DeleteRecords(opts.topic, map[int32]int64{int32(opts.partition): opts.offset}); err != nil {
+		return err
+	}
+	emit(map[string]interface{}{"ev": "records-deleted", "p": opts.partition, "before": opts.offset})
 	return nil
 }
