@@ -23,6 +23,8 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -207,6 +209,65 @@ def test_consumer_group_members_join_and_leave(gw, gokafka, strategy):
     # Both members left: ListConsumerGroups / DescribeConsumerGroups see an empty group.
     assert of(events, "group") == [{"ev": "group", "listed_type": "consumer", "state": "Empty",
                                     "protocol_type": "consumer", "members": 0, "error": 0}]
+
+
+class Member:
+    """One `member` scenario process: a group member whose JSON lines a thread collects."""
+
+    def __init__(self, binary: Path, bootstrap: str, *args: str):
+        self.events: list[dict] = []
+        self.proc = subprocess.Popen([str(binary), "-brokers", bootstrap, *args, "member"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                self.events.append(json.loads(line))
+
+    def wait_for(self, what: str, done, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while not done(self.events):
+            assert time.monotonic() < deadline and self.proc.poll() is None, \
+                f"waited {timeout}s for {what}: {self.events[-5:]}"
+            time.sleep(0.05)
+
+    def claims(self) -> list[int] | None:
+        assigned = of(self.events, "assigned")
+        return assigned[-1]["partitions"] if assigned else None
+
+    def leave(self) -> None:
+        self.proc.stdin.close()
+        assert self.proc.wait(30) == 0, self.events[-3:]
+
+
+def test_a_killed_member_is_dropped_after_its_session_timeout(gw, gokafka):
+    """No LeaveGroup from a SIGKILLed member: the gateway expires it after its session
+    timeout (2 s) and gives its partitions to the other member, which then reads them."""
+    topic = new_topic(gw.bootstrap, partitions=2)
+    group = f"go-kill-{uuid.uuid4().hex[:6]}"
+    flags = ["-topic", topic, "-group", group, "-session-ms", "2000"]
+    doomed = Member(gokafka, gw.bootstrap, *flags, "-member", "doomed")
+    try:
+        doomed.wait_for("doomed holds both partitions", lambda ev: doomed.claims() == [0, 1])
+        survivor = Member(gokafka, gw.bootstrap, *flags, "-member", "survivor")
+        try:
+            survivor.wait_for("a split", lambda ev: survivor.claims() in ([0], [1]))
+            doomed.proc.kill()
+            killed_at = time.monotonic()
+            survivor.wait_for("survivor holds both partitions", lambda ev: survivor.claims() == [0, 1])
+            assert time.monotonic() - killed_at < 15
+            produced = of(run(gokafka, gw.bootstrap, "-topic", topic, "-count", "10", "produce"), "produced")
+            assert {p["p"] for p in produced} == {0, 1}
+            survivor.wait_for("10 records", lambda ev: len(of(ev, "record")) >= 10)
+            assert_records_match(produced, of(survivor.events, "record"), "none")
+            survivor.leave()
+        finally:
+            survivor.proc.kill()
+    finally:
+        doomed.proc.kill()
 
 
 # --- ClusterAdmin ----------------------------------------------------------------------

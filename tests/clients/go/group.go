@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"io/ioutil"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -196,7 +198,7 @@ func (s *groupState) join(name string) (*member, error) {
 	// 4.0 removed v0-v1 (KIP-896) and so does the gateway: it closes the connection.
 	c.Consumer.Offsets.Retention = 24 * time.Hour
 	c.Consumer.Group.Heartbeat.Interval = 300 * time.Millisecond
-	c.Consumer.Group.Session.Timeout = 6 * time.Second
+	c.Consumer.Group.Session.Timeout = time.Duration(opts.sessionMs) * time.Millisecond
 	c.Consumer.Group.Rebalance.Timeout = 10 * time.Second
 	c.Consumer.Return.Errors = true
 	switch opts.strategy {
@@ -283,4 +285,17 @@ func (h *handler) ConsumeClaim(session sarama.ConsumerGroupSession, claim sarama
 			return nil
 		}
 	}
+}
+
+// oneMember joins the group as one member (named by -member) and consumes until its stdin
+// closes, then leaves. The test kills one with SIGKILL to see the group drop it after its
+// session timeout (-session-ms) without a LeaveGroup.
+func oneMember() error {
+	state := &groupState{claims: map[string][]int32{}}
+	m, err := state.join(opts.member)
+	if err != nil {
+		return err
+	}
+	_, _ = ioutil.ReadAll(os.Stdin)
+	return m.stop()
 }

@@ -39,6 +39,8 @@ type options struct {
 	mechanism  string
 	user       string
 	password   string
+	member     string
+	sessionMs  int
 	fetchBytes int
 	valueBytes int
 	verbose    bool
@@ -61,6 +63,8 @@ func main() {
 	flag.StringVar(&opts.mechanism, "sasl", "", "SCRAM-SHA-512 or PLAIN")
 	flag.StringVar(&opts.user, "user", "", "SASL user")
 	flag.StringVar(&opts.password, "password", "", "SASL password")
+	flag.StringVar(&opts.member, "member", "m", "name of the member scenario's member")
+	flag.IntVar(&opts.sessionMs, "session-ms", 6000, "Consumer.Group.Session.Timeout")
 	flag.IntVar(&opts.fetchBytes, "fetch-bytes", 0, "Consumer.Fetch.Default (0: Sarama's)")
 	flag.IntVar(&opts.valueBytes, "value-bytes", 0, "pad each value to at least this size")
 	flag.BoolVar(&opts.verbose, "v", false, "Sarama's log on stderr")
@@ -70,7 +74,7 @@ func main() {
 	}
 	scenarios := map[string]func() error{
 		"produce": produce, "consume": consume, "group": group, "admin": admin,
-		"delete-records": deleteRecords,
+		"delete-records": deleteRecords, "member": oneMember,
 	}
 	for _, name := range flag.Args() {
 		run, ok := scenarios[name]
@@ -84,7 +88,10 @@ func main() {
 }
 
 func emit(fields map[string]interface{}) {
-	line, _ := json.Marshal(fields)
+	line, err := json.Marshal(fields)
+	if err != nil {
+		line, _ = json.Marshal(map[string]interface{}{"ev": "unprintable", "error": err.Error()})
+	}
 	fmt.Println(string(line))
 }
 
