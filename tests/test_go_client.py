@@ -151,6 +151,17 @@ def test_partition_consumer_from_an_offset(gw, gokafka):
     assert of(events, "hwm")[0]["o"] == 30
 
 
+def test_a_record_over_max_message_bytes_is_refused_and_the_producer_goes_on(gw, gokafka):
+    """Sarama's own size check raised past the topic's max.message.bytes (1048588): the
+    gateway answers MESSAGE_TOO_LARGE, and the next records land from offset 0."""
+    topic = new_topic(gw.bootstrap, partitions=1)
+    refused = run(gokafka, gw.bootstrap, "-topic", topic, "-count", "1", "-value-bytes", "2000000",
+                  "-max-message-bytes", "5000000", "produce", ok=False)
+    assert "Message was too large" in refused[-1]["error"] and not of(refused, "produced")
+    produced = of(run(gokafka, gw.bootstrap, "-topic", topic, "-count", "2", "produce"), "produced")
+    assert [p["o"] for p in produced] == [0, 1]
+
+
 def test_delete_records_moves_where_the_oldest_offset_starts(gw, gokafka):
     topic = new_topic(gw.bootstrap, partitions=1)
     run(gokafka, gw.bootstrap, "-topic", topic, "-count", "30", "produce")
@@ -176,12 +187,13 @@ def test_records_larger_than_the_fetch_size_still_arrive(gw, gokafka):
 
 # --- consumer group --------------------------------------------------------------------
 
-@pytest.mark.parametrize("strategy", ["range", "roundrobin"])
-def test_consumer_group_members_join_and_leave(gw, gokafka, strategy):
+@pytest.mark.parametrize("strategy, idempotent", [("range", False), ("roundrobin", True)])
+def test_consumer_group_members_join_and_leave(gw, gokafka, strategy, idempotent):
+    """The three phases are produced by one producer (idempotent: its sequences go on)."""
     topic = new_topic(gw.bootstrap)
     group = f"go-group-{uuid.uuid4().hex[:6]}"
     events = run(gokafka, gw.bootstrap, "-topic", topic, "-group", group, "-strategy", strategy,
-                 "-count", "20", "group")
+                 "-count", "20", *(["-idempotent"] if idempotent else []), "group")
     produced, consumed = of(events, "produced"), of(events, "record")
     assert len(produced) == 60
     assert_records_match(produced, consumed, "none")

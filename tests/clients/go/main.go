@@ -42,6 +42,7 @@ type options struct {
 	member     string
 	sessionMs  int
 	fetchBytes int
+	maxMessage int
 	valueBytes int
 	verbose    bool
 }
@@ -66,6 +67,7 @@ func main() {
 	flag.StringVar(&opts.member, "member", "m", "name of the member scenario's member")
 	flag.IntVar(&opts.sessionMs, "session-ms", 6000, "Consumer.Group.Session.Timeout")
 	flag.IntVar(&opts.fetchBytes, "fetch-bytes", 0, "Consumer.Fetch.Default (0: Sarama's)")
+	flag.IntVar(&opts.maxMessage, "max-message-bytes", 0, "Producer.MaxMessageBytes (0: Sarama's)")
 	flag.IntVar(&opts.valueBytes, "value-bytes", 0, "pad each value to at least this size")
 	flag.BoolVar(&opts.verbose, "v", false, "Sarama's log on stderr")
 	flag.Parse()
@@ -196,6 +198,9 @@ func newProducer() (sarama.SyncProducer, error) {
 	// share of it travels as one batch (what the codec checks read back).
 	c.Producer.Flush.Messages = opts.count
 	c.Producer.Flush.Frequency = time.Second
+	if opts.maxMessage > 0 {
+		c.Producer.MaxMessageBytes = opts.maxMessage
+	}
 	if opts.idempotent {
 		c.Producer.Idempotent = true
 		c.Net.MaxOpenRequests = 1
