@@ -37,13 +37,15 @@ from tests.compat.stored_batches import CODEC_IDS, stored_codecs
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "tests" / "clients" / "go"
-GOPATH = Path("/usr/share/gocode")  # where Debian's golang-*-dev packages put their sources
+# Debian's golang-*-dev packages put their sources in /usr/share/gocode; a GOPATH of your
+# own with the same packages (Sarama 1.22's API) comes first.
+GOPATHS = [*filter(None, os.environ.get("GOPATH", "").split(os.pathsep)), "/usr/share/gocode"]
 GO = shutil.which("go")
 if GO is None:
     pytest.skip("go is not installed (Debian: golang-go)", allow_module_level=True)
 for package, deb in (("github.com/Shopify/sarama", "golang-github-shopify-sarama-dev"),
                      ("github.com/xdg-go/scram", "golang-github-xdg-go-scram-dev")):
-    if not (GOPATH / "src" / package).is_dir():
+    if not any((Path(root) / "src" / package).is_dir() for root in GOPATHS):
         pytest.skip(f"{package} is not installed (Debian: {deb})", allow_module_level=True)
 
 ck = pytest.importorskip("confluent_kafka", reason="confluent-kafka (topic creation) is not installed")
@@ -58,7 +60,10 @@ PARTITIONS = 4
 def gokafka(tmp_path_factory) -> Path:
     """The program, compiled once: GOPATH mode on Debian's sources, no module proxy."""
     binary = tmp_path_factory.mktemp("go") / "gokafka"
-    env = {**os.environ, "GOPATH": str(GOPATH), "GO111MODULE": "off", "GOPROXY": "off", "GOFLAGS": ""}
+    env = {**os.environ, "GOPATH": os.pathsep.join(GOPATHS), "GO111MODULE": "off", "GOPROXY": "off",
+           "GOFLAGS": ""}
+    if not any(env.get(k) for k in ("GOCACHE", "XDG_CACHE_HOME", "HOME")):
+        env["GOCACHE"] = str(binary.parent / "cache")  # go refuses to build without a cache
     built = subprocess.run([GO, "build", "-o", str(binary), "."], cwd=SOURCE, env=env,
                            capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, f"go build failed:\n{built.stderr[-3000:]}"
