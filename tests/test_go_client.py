@@ -2,11 +2,12 @@
 
 tests/clients/go is one Go program, built once per session in GOPATH mode from Debian's
 sources (no network), that runs the scenarios named on its command line and prints JSON
-lines: produced records (SyncProducer, acks=all, idempotent or not, every codec), records
-read by a PartitionConsumer from an offset, a ConsumerGroup whose two members join and
-leave (range and round-robin), the ClusterAdmin's topic life (configs, partitions,
-DeleteRecords, groups), records larger than the fetch size, all of it also over SASL_SSL
-with SCRAM-SHA-512 (xdg-go/scram from Debian) and PLAIN.
+lines: produced records (SyncProducer, acks=all, idempotent or not, every codec; a record
+over max.message.bytes), records read by a PartitionConsumer from an offset and with a
+fetch size smaller than a record, a ConsumerGroup whose two members join and leave (range
+and round-robin) or one of which is SIGKILLed, the ClusterAdmin's topic life (configs,
+partitions, DeleteRecords, groups); then produce, consume and a group again over SASL_SSL
+with SCRAM-SHA-512 (xdg-go/scram from Debian) and PLAIN, and a wrong password.
 
 Sarama 1.22's own limits, worked around in the Go program and not the gateway's to fix:
 - it speaks Kafka up to 2.2; `config.Version = V2_1_0_0` (zstd needs 2.1);
@@ -143,6 +144,19 @@ def test_sync_producer_codecs_and_partition_consumer(gw, gokafka, codec, idempot
         consumed += of(events, "record")
         assert of(events, "hwm") == [{"ev": "hwm", "p": partition, "o": n}]
     assert_records_match(produced, consumed, codec)
+
+
+def test_async_producer_pipelined_requests_keep_their_order(gw, gokafka):
+    """Sarama's AsyncProducer keeps up to 5 Produce requests in flight on one connection and
+    does not retry here: the offsets follow the sends only if the gateway answers in order."""
+    topic = new_topic(gw.bootstrap, partitions=1)
+    produced = of(run(gokafka, gw.bootstrap, "-topic", topic, "-codec", "lz4", "-count", "500", "async"),
+                  "produced")
+    assert sorted((p["index"], p["o"]) for p in produced) == [(i, i) for i in range(500)]
+    batches = stored_codecs(gw.bootstrap, topic)
+    assert len(batches) > 1 and set(batches) == {CODEC_IDS["lz4"]}, "expected several Produce requests"
+    tail = of(run(gokafka, gw.bootstrap, "-topic", topic, "-offset", "495", "-count", "5", "consume"), "record")
+    assert [r["key"] for r in tail] == [f"key-{i}" for i in range(495, 500)]
 
 
 def test_partition_consumer_from_an_offset(gw, gokafka):

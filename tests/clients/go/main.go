@@ -4,6 +4,10 @@
 // consumed, was assigned or was told. The Python test asserts on those lines; a failure
 // prints {"ev":"error",...} and exits 1.
 //
+// Scenarios: produce (SyncProducer), async (AsyncProducer, pipelined), consume (PartitionConsumer from -offset), group (two
+// members joining and leaving, group.go), member (one member until stdin closes), admin
+// (ClusterAdmin, admin.go), delete-records.
+//
 //	gokafka -brokers 127.0.0.1:9092 -topic t -codec zstd -count 40 produce
 package main
 
@@ -76,7 +80,7 @@ func main() {
 	}
 	scenarios := map[string]func() error{
 		"produce": produce, "consume": consume, "group": group, "admin": admin,
-		"delete-records": deleteRecords, "member": oneMember,
+		"delete-records": deleteRecords, "member": oneMember, "async": async,
 	}
 	for _, name := range flag.Args() {
 		run, ok := scenarios[name]
@@ -299,4 +303,41 @@ func deleteRecords() error {
 	}
 	emit(map[string]interface{}{"ev": "records-deleted", "p": opts.partition, "before": opts.offset})
 	return nil
+}
+
+// async sends -count records through an AsyncProducer that flushes each as soon as it
+// can, with up to 5 requests in flight on the connection (Sarama's default): the gateway
+// must answer pipelined Produce requests in order for the offsets to follow the sends.
+func async() error {
+	c, err := config()
+	if err != nil {
+		return err
+	}
+	c.Producer.RequiredAcks = sarama.WaitForAll
+	c.Producer.Return.Successes = true
+	c.Producer.Compression = codecs[opts.codec]
+	c.Producer.Retry.Max = 0 // a retry could reorder records; none is expected
+	p, err := sarama.NewAsyncProducer(strings.Split(opts.brokers, ","), c)
+	if err != nil {
+		return err
+	}
+	go func() {
+		for i := 0; i < opts.count; i++ {
+			m := message(opts.start + i)
+			m.Metadata = opts.start + i
+			p.Input() <- m
+		}
+	}()
+	deadline := time.After(30 * time.Second)
+	for done := 0; done < opts.count; done++ {
+		select {
+		case m := <-p.Successes():
+			emit(map[string]interface{}{"ev": "produced", "index": m.Metadata, "p": m.Partition, "o": m.Offset})
+		case e := <-p.Errors():
+			return e.Err
+		case <-deadline:
+			return fmt.Errorf("only %d of %d acknowledged in 30s", done, opts.count)
+		}
+	}
+	return p.Close()
 }
