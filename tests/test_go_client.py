@@ -14,7 +14,11 @@ Sarama 1.22's own limits, worked around in the Go program and not the gateway's 
 - it commits with OffsetCommit v1 unless `Consumer.Offsets.Retention` is set, and Kafka
   4.0 removed v0-v1 (KIP-896) as the gateway does, so the members set a retention (v2);
 - ClusterAdmin.DescribeCluster sends Metadata v0, which carries no controller id: it
-  reports -1 whatever the gateway would say.
+  reports -1 whatever the gateway would say;
+- its BrokerResource config type is 5, which Kafka's DescribeConfigs has not (BROKER is 4,
+  Sarama's ClusterResource): the broker's configs are described with ClusterResource;
+- ClusterAdmin.ListAcls drops the response's error code (SECURITY_DISABLED without an
+  authorizer), so it is not tested here.
 """
 
 from __future__ import annotations
@@ -324,6 +328,11 @@ def test_cluster_admin_topic_life(gw, gokafka):
     cluster = of(events, "cluster")[0]
     assert cluster["brokers"] == [gw.bootstrap]
     assert cluster["controller"] == -1  # Sarama 1.22 asks with Metadata v0: no controller id
+    # Sarama 1.22's BrokerResource is 5, a type DescribeConfigs does not have (INVALID_REQUEST
+    # with the reason); its ClusterResource is 4, Kafka's BROKER, and describes this gateway.
+    assert of(events, "broker-resource-5")[0]["error"] == "resource type 5 is not supported"
+    assert of(events, "broker-configs")[0]["configs"]["num.partitions"] == "1"
+    assert set(of(events, "broker-configs")[0]["configs"]) == {"num.partitions", "log.retention.ms"}
     assert of(events, "deleted") == [{"ev": "deleted", "topic": topic}]
     assert "does not exist" in of(events, "deleted-again")[0]["error"]
 

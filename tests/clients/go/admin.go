@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 
 	"github.com/Shopify/sarama"
@@ -80,6 +81,21 @@ func admin() error {
 	if err != nil {
 		return err
 	}
+	// Sarama 1.22 numbers its BrokerResource 5, which Kafka's DescribeConfigs has not (its
+	// BROKER is 4, Sarama's ClusterResource): the gateway refuses 5, and 4 is the broker.
+	brokerName := fmt.Sprint(brokers[0].ID())
+	_, wrongType := adm.DescribeConfig(sarama.ConfigResource{Type: sarama.BrokerResource, Name: brokerName})
+	emit(map[string]interface{}{"ev": "broker-resource-5", "error": errText(wrongType)})
+	broker, err := adm.DescribeConfig(sarama.ConfigResource{Type: sarama.ClusterResource,
+		Name: brokerName, ConfigNames: []string{"num.partitions", "log.retention.ms"}})
+	if err != nil {
+		return err
+	}
+	brokerConfigs := map[string]interface{}{}
+	for _, e := range broker {
+		brokerConfigs[e.Name] = e.Value
+	}
+	emit(map[string]interface{}{"ev": "broker-configs", "configs": brokerConfigs})
 	addrs := []string{}
 	for _, b := range brokers {
 		addrs = append(addrs, b.Addr())
