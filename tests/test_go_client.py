@@ -36,6 +36,7 @@ from pathlib import Path
 
 import pytest
 
+from cluster_fixtures import etcd  # noqa: F401 (a fixture)
 from conftest import GatewayProcess
 from stratalog.infra.processes import free_port
 from tests.compat.stored_batches import CODEC_IDS, stored_codecs
@@ -303,6 +304,33 @@ def test_a_killed_member_is_dropped_after_its_session_timeout(gw, gokafka):
             survivor.proc.kill()
     finally:
         doomed.proc.kill()
+
+
+# --- two gateways -----------------------------------------------------------------------
+
+def test_two_gateways_share_the_partitions_and_the_group(gateway_factory, etcd, tmp_path, gokafka):
+    """Sarama bootstrapped with one gateway finds the other in Metadata, sends each
+    partition's records to its leader and the group's requests to its coordinator."""
+    from cluster_fixtures import create_topic, leaders, start_cluster
+    gws = start_cluster(gateway_factory, etcd, tmp_path, 2)
+    topic = f"go-two-{uuid.uuid4().hex[:6]}"
+    create_topic(gws[0].bootstrap, topic, PARTITIONS)
+    assert set(leaders(gws[0].bootstrap, topic).values()) == {1, 2}
+    produced = of(run(gokafka, gws[0].bootstrap, "-topic", topic, "-count", "40", "-idempotent",
+                      "-codec", "snappy", "produce"), "produced")
+    assert len({p["p"] for p in produced}) == PARTITIONS
+    consumed = []
+    for partition in range(PARTITIONS):
+        n = sum(1 for p in produced if p["p"] == partition)
+        consumed += of(run(gokafka, gws[1].bootstrap, "-topic", topic, "-partition", str(partition),
+                           "-count", str(n), "consume"), "record")
+    assert_records_match(produced, consumed, "snappy")
+
+    fresh = f"go-two-{uuid.uuid4().hex[:6]}"
+    create_topic(gws[0].bootstrap, fresh, PARTITIONS)
+    events = run(gokafka, gws[1].bootstrap, "-topic", fresh, "-group", f"g-{fresh}", "-count", "10", "group")
+    assert_records_match(of(events, "produced"), of(events, "record"), "none")
+    assert all(o["committed"] == o["end"] for o in of(events, "offsets"))
 
 
 # --- ClusterAdmin ----------------------------------------------------------------------
