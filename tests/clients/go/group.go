@@ -222,11 +222,17 @@ func (s *groupState) join(name string) (*member, error) {
 	}()
 	go func() {
 		defer close(m.done)
-		// Consume returns at the end of every session (a rebalance); loop to rejoin.
+		// Consume returns at the end of every session (a rebalance), or with an error when
+		// the coordinator cannot be reached: either way, rejoin until stopped.
 		for ctx.Err() == nil {
-			if err := g.Consume(ctx, []string{opts.topic}, &handler{name: name, state: s}); err != nil {
+			err := g.Consume(ctx, []string{opts.topic}, &handler{name: name, state: s})
+			if err == sarama.ErrClosedConsumerGroup {
 				m.err = err
 				return
+			}
+			if err != nil {
+				emit(map[string]interface{}{"ev": "group-error", "member": name, "error": err.Error()})
+				time.Sleep(200 * time.Millisecond)
 			}
 		}
 	}()
@@ -298,4 +304,13 @@ func oneMember() error {
 	}
 	_, _ = ioutil.ReadAll(os.Stdin)
 	return m.stop()
+}
+
+// committed prints the group's committed offsets and the partitions' ends (no member joins).
+func committed() error {
+	partitions, err := topicPartitions()
+	if err != nil {
+		return err
+	}
+	return reportOffsets(partitions)
 }

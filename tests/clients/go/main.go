@@ -5,7 +5,8 @@
 // prints {"ev":"error",...} and exits 1.
 //
 // Scenarios: produce (SyncProducer), async (AsyncProducer, pipelined), consume (PartitionConsumer from -offset), group (two
-// members joining and leaving, group.go), member (one member until stdin closes), admin
+// members joining and leaving, group.go), member (one member until stdin closes),
+// committed (the group's offsets), admin
 // (ClusterAdmin, admin.go), delete-records.
 //
 //	gokafka -brokers 127.0.0.1:9092 -topic t -codec zstd -count 40 produce
@@ -81,6 +82,7 @@ func main() {
 	scenarios := map[string]func() error{
 		"produce": produce, "consume": consume, "group": group, "admin": admin,
 		"delete-records": deleteRecords, "member": oneMember, "async": async,
+		"committed": committed,
 	}
 	for _, name := range flag.Args() {
 		run, ok := scenarios[name]
