@@ -186,6 +186,30 @@ def test_a_record_over_max_message_bytes_is_refused_and_the_producer_goes_on(gw,
     assert [p["o"] for p in produced] == [0, 1]
 
 
+def test_read_committed_skips_aborted_transactions(gw, gokafka):
+    """confluent-kafka writes commit(4), abort(3), commit(2) on one partition; Sarama with
+    ReadCommitted gets the 6 committed records (the aborted ones dropped through Fetch's
+    aborted_transactions, the markers skipped), ReadUncommitted all 9."""
+    from confluent_kafka import Producer
+    topic = new_topic(gw.bootstrap, partitions=1)
+    p = Producer({"bootstrap.servers": gw.bootstrap, "transactional.id": f"tx-{topic}"})
+    p.init_transactions(15)
+    for outcome, keys in (("commit", ["c0", "c1", "c2", "c3"]), ("abort", ["a0", "a1", "a2"]),
+                          ("commit", ["c4", "c5"])):
+        p.begin_transaction()
+        for k in keys:
+            p.produce(topic, key=k.encode(), value=b"v-" + k.encode(), partition=0)
+        p.flush(15)
+        (p.commit_transaction if outcome == "commit" else p.abort_transaction)(15)
+    committed = of(run(gokafka, gw.bootstrap, "-topic", topic, "-count", "6", "-read-committed", "consume"),
+                   "record")
+    assert [r["key"] for r in committed] == ["c0", "c1", "c2", "c3", "c4", "c5"]
+    # Offsets: 4 records and a marker, 3 and a marker, then 2 (the markers take offsets).
+    assert [r["o"] for r in committed] == [0, 1, 2, 3, 9, 10]
+    everything = of(run(gokafka, gw.bootstrap, "-topic", topic, "-count", "9", "consume"), "record")
+    assert [r["key"] for r in everything] == ["c0", "c1", "c2", "c3", "a0", "a1", "a2", "c4", "c5"]
+
+
 def test_delete_records_moves_where_the_oldest_offset_starts(gw, gokafka):
     topic = new_topic(gw.bootstrap, partitions=1)
     run(gokafka, gw.bootstrap, "-topic", topic, "-count", "30", "produce")

@@ -30,26 +30,27 @@ import (
 )
 
 type options struct {
-	brokers    string
-	topic      string
-	codec      string
-	count      int
-	start      int
-	idempotent bool
-	partition  int
-	offset     int64
-	group      string
-	strategy   string
-	tlsCA      string
-	mechanism  string
-	user       string
-	password   string
-	member     string
-	sessionMs  int
-	fetchBytes int
-	maxMessage int
-	valueBytes int
-	verbose    bool
+	brokers       string
+	topic         string
+	codec         string
+	count         int
+	start         int
+	idempotent    bool
+	partition     int
+	offset        int64
+	group         string
+	strategy      string
+	tlsCA         string
+	mechanism     string
+	user          string
+	password      string
+	member        string
+	sessionMs     int
+	fetchBytes    int
+	maxMessage    int
+	committedOnly bool
+	valueBytes    int
+	verbose       bool
 }
 
 var opts options
@@ -72,6 +73,7 @@ func main() {
 	flag.StringVar(&opts.member, "member", "m", "name of the member scenario's member")
 	flag.IntVar(&opts.sessionMs, "session-ms", 6000, "Consumer.Group.Session.Timeout")
 	flag.IntVar(&opts.fetchBytes, "fetch-bytes", 0, "Consumer.Fetch.Default (0: Sarama's)")
+	flag.BoolVar(&opts.committedOnly, "read-committed", false, "Consumer.IsolationLevel = ReadCommitted")
 	flag.IntVar(&opts.maxMessage, "max-message-bytes", 0, "Producer.MaxMessageBytes (0: Sarama's)")
 	flag.IntVar(&opts.valueBytes, "value-bytes", 0, "pad each value to at least this size")
 	flag.BoolVar(&opts.verbose, "v", false, "Sarama's log on stderr")
@@ -261,6 +263,9 @@ func consume() error {
 	}
 	if opts.fetchBytes > 0 {
 		c.Consumer.Fetch.Default = int32(opts.fetchBytes)
+	}
+	if opts.committedOnly {
+		c.Consumer.IsolationLevel = sarama.ReadCommitted
 	}
 	consumer, err := sarama.NewConsumer(strings.Split(opts.brokers, ","), c)
 	if err != nil {
