@@ -6,8 +6,13 @@ lines: produced records (SyncProducer, acks=all, idempotent or not, every codec;
 over max.message.bytes), records read by a PartitionConsumer from an offset and with a
 fetch size smaller than a record, a ConsumerGroup whose two members join and leave (range
 and round-robin) or one of which is SIGKILLed, the ClusterAdmin's topic life (configs,
-partitions, DeleteRecords, groups); then produce, consume and a group again over SASL_SSL
-with SCRAM-SHA-512 (xdg-go/scram from Debian) and PLAIN, and a wrong password.
+partitions, DeleteRecords, groups), offsets by timestamp, ReadCommitted over another
+client's aborted transaction, a member riding through a gateway restart, two gateways;
+then produce, consume and a group again over SASL_SSL with SCRAM-SHA-512 (xdg-go/scram
+from Debian) and PLAIN, and a wrong password.
+
+Found by Sarama and fixed in the gateway: its batches carry maxTimestamp -1, which the
+gateway stored as is (ListOffsets by time then found none of their records).
 
 Sarama 1.22's own limits, worked around in the Go program and not the gateway's to fix:
 - it speaks Kafka up to 2.2; `config.Version = V2_1_0_0` (zstd needs 2.1);
@@ -208,6 +213,26 @@ def test_read_committed_skips_aborted_transactions(gw, gokafka):
     assert [r["o"] for r in committed] == [0, 1, 2, 3, 9, 10]
     everything = of(run(gokafka, gw.bootstrap, "-topic", topic, "-count", "9", "consume"), "record")
     assert [r["key"] for r in everything] == ["c0", "c1", "c2", "c3", "a0", "a1", "a2", "c4", "c5"]
+
+
+def test_offsets_by_timestamp(gw, gokafka):
+    """Client.GetOffset (ListOffsets v1+): the first offset at or after a time; -1 past the
+    last record's time; Sarama's OffsetOldest and OffsetNewest (-2, -1)."""
+    topic = new_topic(gw.bootstrap, partitions=1)
+    run(gokafka, gw.bootstrap, "-topic", topic, "-count", "5", "produce")
+    time.sleep(0.05)  # the second run's records get later timestamps
+    run(gokafka, gw.bootstrap, "-topic", topic, "-count", "5", "-start", "5", "produce")
+    records = of(run(gokafka, gw.bootstrap, "-topic", topic, "-count", "10", "consume"), "record")
+    first_late = records[5]["ts"]
+    assert first_late > records[4]["ts"]
+
+    def offset_at(at: int) -> int:
+        return of(run(gokafka, gw.bootstrap, "-topic", topic, "-at", str(at), "offset-at"), "offset-at")[0]["o"]
+
+    assert offset_at(records[0]["ts"]) == 0
+    assert offset_at(first_late) == 5
+    assert offset_at(records[-1]["ts"] + 1) == -1
+    assert (offset_at(-2), offset_at(-1)) == (0, 10)
 
 
 def test_delete_records_moves_where_the_oldest_offset_starts(gw, gokafka):

@@ -6,8 +6,8 @@
 //
 // Scenarios: produce (SyncProducer), async (AsyncProducer, pipelined), consume (PartitionConsumer from -offset), group (two
 // members joining and leaving, group.go), member (one member until stdin closes),
-// committed (the group's offsets), admin
-// (ClusterAdmin, admin.go), delete-records.
+// committed (the group's offsets), offset-at (by timestamp), admin (ClusterAdmin, admin.go),
+// delete-records.
 //
 //	gokafka -brokers 127.0.0.1:9092 -topic t -codec zstd -count 40 produce
 package main
@@ -49,6 +49,7 @@ type options struct {
 	fetchBytes    int
 	maxMessage    int
 	committedOnly bool
+	at            int64
 	valueBytes    int
 	verbose       bool
 }
@@ -73,6 +74,7 @@ func main() {
 	flag.StringVar(&opts.member, "member", "m", "name of the member scenario's member")
 	flag.IntVar(&opts.sessionMs, "session-ms", 6000, "Consumer.Group.Session.Timeout")
 	flag.IntVar(&opts.fetchBytes, "fetch-bytes", 0, "Consumer.Fetch.Default (0: Sarama's)")
+	flag.Int64Var(&opts.at, "at", -1, "timestamp of offset-at")
 	flag.BoolVar(&opts.committedOnly, "read-committed", false, "Consumer.IsolationLevel = ReadCommitted")
 	flag.IntVar(&opts.maxMessage, "max-message-bytes", 0, "Producer.MaxMessageBytes (0: Sarama's)")
 	flag.IntVar(&opts.valueBytes, "value-bytes", 0, "pad each value to at least this size")
@@ -84,7 +86,7 @@ func main() {
 	scenarios := map[string]func() error{
 		"produce": produce, "consume": consume, "group": group, "admin": admin,
 		"delete-records": deleteRecords, "member": oneMember, "async": async,
-		"committed": committed,
+		"committed": committed, "offset-at": offsetAt,
 	}
 	for _, name := range flag.Args() {
 		run, ok := scenarios[name]
@@ -347,4 +349,24 @@ func async() error {
 		}
 	}
 	return p.Close()
+}
+
+// offsetAt prints Client.GetOffset for the partition at -at (ms since the epoch; -1 and -2
+// are Sarama's newest and oldest): ListOffsets by timestamp.
+func offsetAt() error {
+	c, err := config()
+	if err != nil {
+		return err
+	}
+	client, err := sarama.NewClient(strings.Split(opts.brokers, ","), c)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	offset, err := client.GetOffset(opts.topic, int32(opts.partition), opts.at)
+	if err != nil {
+		return err
+	}
+	emit(map[string]interface{}{"ev": "offset-at", "at": opts.at, "o": offset})
+	return nil
 }
