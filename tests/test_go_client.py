@@ -191,6 +191,26 @@ def test_a_record_over_max_message_bytes_is_refused_and_the_producer_goes_on(gw,
     assert [p["o"] for p in produced] == [0, 1]
 
 
+def test_sealed_records_outlive_a_retention_check(gateway_factory, gokafka):
+    """Segments roll every 300 ms and retention runs every 200 ms; Sarama's records, an hour
+    inside retention.ms, stay after their segment is sealed (with the header's maxTimestamp
+    -1 stored as is, the segment looked older than any retention and was deleted)."""
+    g = gateway_factory(settings={"log.roll.ms": 300, "log.retention.check.interval.ms": 200})
+    topic = f"go-ret-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": g.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1, config={"retention.ms": "3600000"})])[topic].result(15)
+    run(gokafka, g.bootstrap, "-topic", topic, "-count", "5", "-codec", "gzip", "produce")
+    deadline = time.monotonic() + 20
+    while not list((g.data_dir / "objects").rglob("*.log")):
+        assert time.monotonic() < deadline, "no segment was sealed"
+        time.sleep(0.1)
+    time.sleep(1)  # five retention checks
+    offset = of(run(gokafka, g.bootstrap, "-topic", topic, "-at", "-2", "offset-at"), "offset-at")[0]["o"]
+    assert offset == 0
+    got = of(run(gokafka, g.bootstrap, "-topic", topic, "-count", "5", "consume"), "record")
+    assert [r["key"] for r in got] == [f"key-{i}" for i in range(5)]
+
+
 def test_read_committed_skips_aborted_transactions(gw, gokafka):
     """confluent-kafka writes commit(4), abort(3), commit(2) on one partition; Sarama with
     ReadCommitted gets the 6 committed records (the aborted ones dropped through Fetch's
