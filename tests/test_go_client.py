@@ -12,7 +12,8 @@ then produce, consume and a group again over SASL_SSL with SCRAM-SHA-512 (xdg-go
 from Debian) and PLAIN, and a wrong password.
 
 Found by Sarama and fixed in the gateway: its batches carry maxTimestamp -1, which the
-gateway stored as is (ListOffsets by time then found none of their records).
+gateway stored as is: ListOffsets by time found none of their records, and retention.ms
+deleted their segment as soon as it was sealed.
 
 Sarama 1.22's own limits, worked around in the Go program and not the gateway's to fix:
 - it speaks Kafka up to 2.2; `config.Version = V2_1_0_0` (zstd needs 2.1);
