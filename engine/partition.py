@@ -20,7 +20,7 @@ from pathlib import Path
 from stratalog.coordinator.model import ClusterStore, SegmentEntry, WalRange
 from stratalog.tiering import layout
 from stratalog.tiering.batch import (HEADER_SIZE, BatchHeader, decode_records, patch_batch,
-                                     scan_batches, set_log_append_time)
+                                     scan_batches, set_log_append_time, set_max_timestamp)
 from stratalog.tiering.errors import CorruptObject
 from stratalog.tiering.index import TimeIndex
 from stratalog.tiering.objectstore.base import ObjectNotFound, ObjectStore
@@ -238,6 +238,12 @@ class PartitionLog:
         patch_batch(data, 0, base, self.leader_epoch)
         if log_append_time:
             set_log_append_time(data, 0, now_ms)
+        elif h.max_timestamp < h.base_timestamp:
+            # A header whose maxTimestamp is below its first timestamp was never filled in
+            # (Sarama 1.22 sends -1). Kafka's broker sets it from the records, and
+            # ListOffsets by time, retention.ms and the time index all read it.
+            set_max_timestamp(data, 0, max((r.timestamp for r in decode_records(data, validate_crc=False)),
+                                           default=h.base_timestamp))
         stored = BatchHeader.parse(data, 0)
         self.active.append(data, stored)
         self.next_offset = stored.last_offset + 1

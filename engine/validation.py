@@ -6,7 +6,8 @@ message.timestamp.before.max.ms / after.max.ms of the gateway's clock; a batch c
 LogAppendTime, which only a broker may stamp, has every record refused) decode records,
 so they run only when the topic needs them: a compacted topic, a lower timestamp bound
 (a record may be older than its batch's first timestamp, so only the records tell), or a
-batch whose header `maxTimestamp` is past the upper bound. Everything else stays bytes.
+batch whose header `maxTimestamp` is past the upper bound or was never filled in (below
+the first timestamp: Sarama 1.22 sends -1). Everything else stays bytes.
 
 A record that fails refuses every batch of the request for that partition (nothing is
 appended), and the error names each such record by its index among the partition's
@@ -59,7 +60,9 @@ class TimestampBounds:
         return (self.low is not None and timestamp < self.low) or (self.high is not None and timestamp > self.high)
 
     def scan_needed(self, h: BatchHeader) -> bool:
-        return self.low is not None or (self.high is not None and h.max_timestamp > self.high)
+        # A maxTimestamp below the first timestamp was never filled in: only the records tell.
+        return self.low is not None or (self.high is not None and (h.max_timestamp > self.high or
+                                                                   h.max_timestamp < h.base_timestamp))
 
 
 def validate_batches(records, *, max_bytes: int, compacted: bool,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install everything the test suite needs, then run it: `bash scripts/test.sh [pytest args]`.
-# Python packages go into ./.venv; kcat and etcd come from Debian when we are root;
+# Python packages go into ./.venv; kcat, etcd, Go and Sarama come from Debian when we are root;
 # KafkaJS comes from npm into tests/clients/kafkajs. A tool that cannot be installed makes
 # its tests skip with a one-line reason.
 set -euo pipefail
@@ -18,6 +18,10 @@ fi
 missing=()
 command -v kcat >/dev/null || missing+=(kcat)
 command -v etcd >/dev/null || [ -x .venv/bin/etcd ] || missing+=(etcd-server)
+# Go and Sarama's sources (with xdg-go/scram) for tests/test_go_client.py, built offline.
+command -v go >/dev/null || missing+=(golang-go)
+[ -d /usr/share/gocode/src/github.com/Shopify/sarama ] || missing+=(golang-github-shopify-sarama-dev)
+[ -d /usr/share/gocode/src/github.com/xdg-go/scram ] || missing+=(golang-github-xdg-go-scram-dev)
 if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   echo "installing ${missing[*]} from Debian"
   apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null \

@@ -26,7 +26,7 @@ from stratalog.gateway.config import ConfigError, parse_value
 from stratalog.gateway.errors import error_code
 from stratalog.gateway.protocol.error_codes import ErrorCode
 from stratalog.tiering import layout
-from stratalog.tiering.batch import build_batch
+from stratalog.tiering.batch import BatchHeader, build_batch, set_max_timestamp
 from stratalog.tiering.manifest import read_manifest
 from stratalog.tiering.objectstore import ObjectNotFound
 from stratalog.tiering.txn import decode_txnindex
@@ -393,6 +393,28 @@ def test_retention_ms_deletes_old_segments(backends):
         h.clock.advance(30_000)
         await engine.clean()
         assert plog.log_start_offset == 4 and await h.store.segments(info.topic_id, 0) == [c]
+
+    run(backends, body)
+
+
+def test_a_batch_without_its_max_timestamp_is_stored_with_the_records_max(backends):
+    """Sarama 1.22 leaves a CreateTime batch's maxTimestamp at -1. As Kafka's broker does,
+    the leader sets it from the records (new CRC), so ListOffsets by time finds them."""
+    async def body(h):
+        await h.create_topic("no-max", 1)
+        engine = await h.start_engine()
+        await h.lead(engine)
+        t0 = h.clock.ms
+        sent = bytearray(build_batch([(b"k", b"v", [])] * 3, timestamps=[t0, t0 + 5, t0 + 3]))
+        set_max_timestamp(sent, 0, -1)
+        await send(engine, "no-max", 0, bytes(sent), h.clock.ms)
+        plog = engine.leader("no-max", 0)
+        [(stored, _)] = batches_of(await read_all(engine, "no-max", 0))  # CRCs checked
+        assert (stored.base_timestamp, stored.max_timestamp) == (t0, t0 + 5)
+        assert [r[1] for r in records_of(await read_all(engine, "no-max", 0))] == [t0, t0 + 5, t0 + 3]
+        assert (await engine.list_offset(plog, t0 + 4))[0] == 1
+        assert await engine.list_offset(plog, t0 + 6) is None  # past the last record
+        assert BatchHeader.parse(sent).max_timestamp == -1  # what the client sent is not touched
 
     run(backends, body)
 

@@ -17,7 +17,7 @@ from stratalog.engine import validation
 from stratalog.engine.errors import InvalidRecord, InvalidTimestamp
 from stratalog.engine.validation import NO_BOUND, TimestampBounds, validate_batches
 from stratalog.gateway.protocol.frames import decode_response, encode_request
-from stratalog.tiering.batch import build_batch, set_log_append_time
+from stratalog.tiering.batch import build_batch, set_log_append_time, set_max_timestamp
 
 from conftest import GatewayProcess
 
@@ -66,6 +66,18 @@ def test_timestamps_are_checked_against_before_and_after_max_ms():
         validate_batches(batch, max_bytes=1 << 20, compacted=False, timestamps=bounds)
     assert [i for i, _ in refused.value.records] == [1, 2]
     assert str(now - HOUR) in refused.value.records[0][1]
+
+
+@pytest.mark.unit
+def test_a_header_without_its_max_timestamp_has_its_records_checked():
+    """Sarama 1.22 sends maxTimestamp -1: an upper bound cannot trust the header then."""
+    now = 1_700_000_000_000
+    bounds = TimestampBounds.of(now, NO_BOUND, HOUR, NO_BOUND)
+    batch = bytearray(build_batch([(b"k", b"v")] * 2, timestamps=[now, now + 2 * HOUR]))
+    set_max_timestamp(batch, 0, -1)
+    with pytest.raises(InvalidTimestamp) as refused:
+        validate_batches(bytes(batch), max_bytes=1 << 20, compacted=False, timestamps=bounds)
+    assert [i for i, _ in refused.value.records] == [1]
 
 
 @pytest.mark.unit

@@ -270,11 +270,21 @@ def patch_batch(buf: bytearray | memoryview, pos: int, base_offset: int, leader_
 
 def set_log_append_time(buf: bytearray | memoryview, pos: int, timestamp_ms: int) -> None:
     """Stamp the batch at ``pos`` with the broker's append time and recompute its CRC."""
+    _rewrite_max_timestamp(buf, pos, timestamp_ms, _TIMESTAMP_TYPE_BIT)
+
+
+def set_max_timestamp(buf: bytearray | memoryview, pos: int, timestamp_ms: int) -> None:
+    """Set the header's maxTimestamp of the CreateTime batch at ``pos`` (its records keep
+    theirs) and recompute its CRC."""
+    _rewrite_max_timestamp(buf, pos, timestamp_ms, 0)
+
+
+def _rewrite_max_timestamp(buf: bytearray | memoryview, pos: int, timestamp_ms: int, add_attributes: int) -> None:
     view = _as_bytes_view(buf)
     header = BatchHeader.parse(view, pos)
     if pos + header.size > len(view):
         raise CorruptBatch(f"batch at position {pos} runs past the buffer")
-    struct.pack_into(">h", view, pos + _ATTRIBUTES_OFFSET, header.attributes | _TIMESTAMP_TYPE_BIT)
+    struct.pack_into(">h", view, pos + _ATTRIBUTES_OFFSET, header.attributes | add_attributes)
     struct.pack_into(">q", view, pos + _MAX_TIMESTAMP_OFFSET, timestamp_ms)
     crc = crc32c.crc32c(view[pos + _ATTRIBUTES_OFFSET:pos + header.size])
     struct.pack_into(">I", view, pos + _CRC_OFFSET, crc)
