@@ -61,7 +61,7 @@ class NoTopics:
     def controller_id(self) -> int:
         return 1
 
-    async def look_up_topics(self, names) -> None:
+    async def look_up_topics(self, names, ids=()) -> None:
         pass  # nothing to reload: there are no topics
 
     def coordinator_for(self, key: str, listener=None):
@@ -87,6 +87,16 @@ def test_metadata_unknown_topic_id_at_every_version_with_ids(version):
     (topic,) = resp.topics
     assert (topic.error_code, topic.topic_id) == (ErrorCode.UNKNOWN_TOPIC_ID, tid)
     assert topic.name == (None if version >= 12 else "")
+
+
+def test_metadata_by_id_ignores_the_default_empty_name():
+    # Kafka's Java consumer asks for its KIP-848 assignment by id with the name left at "":
+    # the id names the topic (before, "" was looked up as a name: UNKNOWN_TOPIC_OR_PARTITION
+    # under the name "", which the client retried in a tight loop).
+    tid = uuid.uuid4()
+    resp = asyncio.run(answer(NoTopics(), ApiKey.METADATA, 12, {"topics": [{"name": "", "topic_id": tid}]}))
+    (topic,) = resp.topics
+    assert (topic.error_code, topic.topic_id, topic.name) == (ErrorCode.UNKNOWN_TOPIC_ID, tid, None)
 
 
 @pytest.mark.parametrize("version", range(0, 7))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 from stratalog.gateway.auth.acls import CLUSTER_NAME, Operation, ResourceType
 from stratalog.gateway.errors import KafkaError
 from stratalog.gateway.protocol.error_codes import ErrorCode
@@ -9,6 +11,7 @@ from stratalog.gateway.protocol.error_codes import ErrorCode
 from .registry import ApiKey, RequestContext, handles
 
 CLUSTER_ACTIONS_OMITTED = -2147483648
+NO_TOPIC_ID = uuid.UUID(int=0)
 
 
 def _brokers(ctx: RequestContext, id_field: str = "node_id"):
@@ -54,6 +57,13 @@ def may_create(ctx: RequestContext, topic: str) -> bool:
             or ctx.allowed(Operation.CREATE, ResourceType.TOPIC, topic))
 
 
+def by_id(topic) -> bool:
+    """Whether a requested topic is named by its id. A non-zero id wins over the name, as in
+    Kafka: Kafka's Java consumer asks for its KIP-848 assignment by id and leaves the name at
+    its default, "" (not null)."""
+    return getattr(topic, "topic_id", None) not in (None, NO_TOPIC_ID)
+
+
 @handles(ApiKey.METADATA, 0, 12)
 async def metadata(ctx: RequestContext, req):
     broker = ctx.broker
@@ -64,10 +74,11 @@ async def metadata(ctx: RequestContext, req):
                 topics.append(await describe_topic(broker, name, broker.topics[name]))
     else:
         auto = req.allow_auto_topic_creation if ctx.version >= 4 else True
-        await broker.look_up_topics([t.name for t in req.topics])
+        await broker.look_up_topics([t.name for t in req.topics if not by_id(t)],
+                                    [t.topic_id for t in req.topics if by_id(t)])
         for t in req.topics:
             name = t.name
-            if name is None and t.topic_id is not None:
+            if by_id(t):
                 info = broker.topics_by_id.get(t.topic_id)
                 if info is None:
                     # The name is nullable from v12 only: v10-11 have no null for it.
