@@ -246,3 +246,33 @@ def test_scram_sha_512_over_tls_and_a_wrong_password(secure, classes):
     consumed = java(classes, "consume", bootstrap=address, topic=topic, group=f"sec-{topic}", count=10, conf=good)
     assert sorted(e["record"]["value"] for e in events(consumed, "record")) == sorted(f"v-{i}" for i in range(10))
     assert secure.gw.proc.poll() is None
+
+
+def test_compression_fencing_static_members_regex_and_more_admin_calls(gateway, classes):
+    prefix = f"more-{uuid.uuid4().hex[:6]}"
+    lines = java(classes, "more", bootstrap=gateway.bootstrap, prefix=prefix, timeout=150)
+    steps = {e["step"]: e for e in events(lines, "step")}
+    # Refusals that are the protocol's answer: ACLs are off here, and log dirs are not offered.
+    assert steps["describeAcls"]["type"].endswith("SecurityDisabledException")
+    assert steps["describeLogDirs"]["type"].endswith("UnsupportedVersionException")
+    failed = {name: (s["type"], s["message"]) for name, s in steps.items()
+              if not s["ok"] and name not in ("describeAcls", "describeLogDirs")}
+    assert not failed, failed
+    result = {name: s.get("result") for name, s in steps.items()}
+    assert result["compression gzip"] == result["compression lz4"] == 50
+    assert result["offsetsForTimes"] == {"zero": 0, "future": "null"}
+    assert result["producer fenced"] == {"zombie": "ProducerFencedException", "zombieVisible": False,
+                                         "freshVisible": True}
+    # KIP-848 static membership: the member that left with epoch -2 and came back has its partition.
+    static = result["static member rejoins with its partitions"]
+    assert static["before"] == static["after"] and sorted(static["after"] + static["other"]) == [0, 1]
+    # KIP-848 server-side regex: a matching topic created later joins the assignment.
+    assert result["regex subscription"] == {"first": [f"{prefix}-rx-a-0"],
+                                            "second": [f"{prefix}-rx-a-0", f"{prefix}-rx-b-0"]}
+    coop = result["classic cooperative-sticky"]
+    assert sorted(coop["a"] + coop["b"]) == [0, 1] and coop["a"] and coop["b"]
+    assert result["alterConsumerGroupOffsets"] == {"offset": 7, "metadata": "note", "afterDelete": "null"}
+    assert result["listTransactions"] == [f"{prefix}-fence:CompleteCommit"]
+    assert result["describeTransactions"]["state"] == "CompleteCommit"
+    assert "ElectionNotNeededException" in result["electLeaders"]
+    assert result["listOffsets forTimestamp"] == 0

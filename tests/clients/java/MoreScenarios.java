@@ -1,0 +1,222 @@
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.TreeMap;
+
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.OffsetSpec;
+import org.apache.kafka.clients.admin.TransactionDescription;
+import org.apache.kafka.clients.admin.TransactionListing;
+import org.apache.kafka.clients.consumer.ConsumerRecord;
+import org.apache.kafka.clients.consumer.KafkaConsumer;
+import org.apache.kafka.clients.consumer.OffsetAndMetadata;
+import org.apache.kafka.clients.consumer.OffsetAndTimestamp;
+import org.apache.kafka.clients.consumer.SubscriptionPattern;
+import org.apache.kafka.clients.producer.KafkaProducer;
+import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.acl.AclBindingFilter;
+import org.apache.kafka.common.quota.ClientQuotaFilter;
+
+/**
+ * Client behaviours beyond the basic paths, each reported as a step (see AdminScenarios):
+ * compression, fencing, static members and regex subscriptions under KIP-848, the classic
+ * cooperative assignor, and the AdminClient's less common calls.
+ */
+final class MoreScenarios {
+    private MoreScenarios() {}
+
+    static Object step(String name, AdminScenarios.Step body) {
+        return AdminScenarios.step(name, body);
+    }
+
+    /** Every record of `topic` from the beginning (assigned, no group), as values. */
+    static List<String> readAll(String topic, int partitions, String isolation) {
+        List<TopicPartition> tps = new ArrayList<>();
+        for (int p = 0; p < partitions; p++) tps.add(new TopicPartition(topic, p));
+        List<String> values = new ArrayList<>();
+        try (KafkaConsumer<String, String> c = JavaClient.consumer(Map.of("isolation.level", isolation))) {
+            c.assign(tps);
+            c.seekToBeginning(tps);
+            Map<TopicPartition, Long> ends = c.endOffsets(tps);
+            long deadline = System.currentTimeMillis() + 20000;
+            while (System.currentTimeMillis() < deadline && !TxnScenarios.reachedEnd(c, ends)) {
+                for (ConsumerRecord<String, String> r : c.poll(Duration.ofMillis(100))) values.add(r.value());
+            }
+        }
+        return values;
+    }
+
+    static void run() throws Exception {
+        String prefix = JavaClient.args.get("prefix");
+        String topic = prefix + "-t";
+        try (Admin admin = Admin.create(JavaClient.common())) {
+            admin.createTopics(List.of(new org.apache.kafka.clients.admin.NewTopic(topic, 2, (short) 1))).all().get();
+            for (String codec : new String[] {"gzip", "lz4"}) {
+                step("compression " + codec, () -> {
+                    try (KafkaProducer<String, String> p = JavaClient.producer(Map.of("compression.type", codec, "linger.ms", "20"))) {
+                        for (int i = 0; i < 50; i++) p.send(new ProducerRecord<>(topic, 0, "k", codec + "-" + i + "-" + "x".repeat(100)));
+                        p.flush();
+                    }
+                    return readAll(topic, 2, "read_uncommitted").stream().filter(v -> v.startsWith(codec)).count();
+                });
+            }
+            step("offsetsForTimes", () -> {
+                try (KafkaConsumer<String, String> c = JavaClient.consumer(Map.of())) {
+                    TopicPartition tp = new TopicPartition(topic, 0);
+                    Map<TopicPartition, OffsetAndTimestamp> found = c.offsetsForTimes(Map.of(tp, 0L));
+                    Map<TopicPartition, OffsetAndTimestamp> future = c.offsetsForTimes(Map.of(tp, Long.MAX_VALUE / 2));
+                    return Map.of("zero", found.get(tp).offset(), "future", String.valueOf(future.get(tp)));
+                }
+            });
+            step("producer fenced", () -> {
+                String txid = prefix + "-fence";
+                KafkaProducer<String, String> old = JavaClient.producer(Map.of("transactional.id", txid));
+                old.initTransactions();
+                old.beginTransaction();
+                old.send(new ProducerRecord<>(topic, 1, "k", "zombie")).get();
+                try (KafkaProducer<String, String> fresh = JavaClient.producer(Map.of("transactional.id", txid))) {
+                    fresh.initTransactions();  // aborts the zombie's open transaction
+                    fresh.beginTransaction();
+                    fresh.send(new ProducerRecord<>(topic, 1, "k", "fresh")).get();
+                    fresh.commitTransaction();
+                }
+                String outcome;
+                try {
+                    old.commitTransaction();
+                    outcome = "committed";
+                } catch (Exception e) {
+                    outcome = e.getClass().getSimpleName();
+                } finally {
+                    old.close(Duration.ofSeconds(5));
+                }
+                List<String> committed = readAll(topic, 2, "read_committed");
+                return Map.of("zombie", outcome, "zombieVisible", committed.contains("zombie"),
+                        "freshVisible", committed.contains("fresh"));
+            });
+            step("static member rejoins with its partitions", () -> staticMembers(topic));
+            step("regex subscription", () -> regex(admin, prefix));
+            step("classic cooperative-sticky", () -> cooperative(topic));
+            step("alterConsumerGroupOffsets", () -> {
+                String group = prefix + "-altered";
+                TopicPartition tp = new TopicPartition(topic, 0);
+                admin.alterConsumerGroupOffsets(group, Map.of(tp, new OffsetAndMetadata(7, "note"))).all().get();
+                OffsetAndMetadata got = admin.listConsumerGroupOffsets(group).partitionsToOffsetAndMetadata().get().get(tp);
+                admin.deleteConsumerGroupOffsets(group, java.util.Set.of(tp)).all().get();
+                Object after = admin.listConsumerGroupOffsets(group).partitionsToOffsetAndMetadata().get().get(tp);
+                return Map.of("offset", got.offset(), "metadata", got.metadata(), "afterDelete", String.valueOf(after));
+            });
+            step("listTransactions", () -> {
+                List<String> ids = new ArrayList<>();
+                for (TransactionListing t : admin.listTransactions().all().get()) {
+                    if (t.transactionalId().startsWith(prefix)) ids.add(t.transactionalId() + ":" + t.state());
+                }
+                return ids;
+            });
+            step("describeTransactions", () -> {
+                TransactionDescription d = admin.describeTransactions(List.of(prefix + "-fence")).all().get().get(prefix + "-fence");
+                return Map.of("state", d.state().toString(), "epoch", d.producerEpoch());
+            });
+            step("describeFeatures", () -> admin.describeFeatures().featureMetadata().get().finalizedFeatures().keySet().toString());
+            step("describeAcls", () -> admin.describeAcls(AclBindingFilter.ANY).values().get().size());
+            step("describeClientQuotas", () -> admin.describeClientQuotas(ClientQuotaFilter.all()).entities().get().size());
+            step("describeUserScramCredentials", () -> admin.describeUserScramCredentials().all().get().size());
+            step("listPartitionReassignments", () -> admin.listPartitionReassignments().reassignments().get().size());
+            step("electLeaders", () -> admin.electLeaders(org.apache.kafka.common.ElectionType.PREFERRED,
+                    java.util.Set.of(new TopicPartition(topic, 0))).partitions().get().toString());
+            step("describeLogDirs", () -> admin.describeLogDirs(List.of(
+                    admin.describeCluster().nodes().get().iterator().next().id())).allDescriptions().get().size());
+            step("listOffsets forTimestamp", () -> admin.listOffsets(Map.of(new TopicPartition(topic, 0), OffsetSpec.forTimestamp(0)))
+                    .all().get().get(new TopicPartition(topic, 0)).offset());
+        }
+    }
+
+    /** KIP-848 static membership: a member that closes (epoch -2) and comes back within the
+     * session timeout keeps its partitions; the other member's never move. */
+    static Object staticMembers(String topic) throws Exception {
+        String group = JavaClient.args.get("prefix") + "-static";
+        Map<String, Object> base = new HashMap<>();
+        base.put("group.id", group);
+        base.put("group.protocol", "consumer");
+        Map<String, Object> one = new HashMap<>(base), two = new HashMap<>(base);
+        one.put("group.instance.id", "static-1");
+        two.put("group.instance.id", "static-2");
+        Map<String, Object> out = new LinkedHashMap<>();
+        try (KafkaConsumer<String, String> b = JavaClient.consumer(two)) {
+            b.subscribe(List.of(topic));
+            List<Integer> first;
+            try (KafkaConsumer<String, String> a = JavaClient.consumer(one)) {
+                a.subscribe(List.of(topic));
+                long deadline = System.currentTimeMillis() + 20000;
+                while ((a.assignment().size() != 1 || b.assignment().size() != 1) && System.currentTimeMillis() < deadline) {
+                    a.poll(Duration.ofMillis(50));
+                    b.poll(Duration.ofMillis(50));
+                }
+                first = JavaClient.partitionsOf(a.assignment());
+                out.put("before", first);
+            }
+            try (KafkaConsumer<String, String> again = JavaClient.consumer(one)) {
+                again.subscribe(List.of(topic));
+                long deadline = System.currentTimeMillis() + 20000;
+                while (again.assignment().isEmpty() && System.currentTimeMillis() < deadline) {
+                    again.poll(Duration.ofMillis(50));
+                    b.poll(Duration.ofMillis(50));
+                }
+                out.put("after", JavaClient.partitionsOf(again.assignment()));
+                out.put("other", JavaClient.partitionsOf(b.assignment()));
+            }
+        }
+        return out;
+    }
+
+    /** KIP-848 server-side regex (SubscriptionPattern, RE2J syntax): the gateway resolves it
+     * and a topic created later joins the assignment. (A java.util.regex.Pattern is matched
+     * by the client against its metadata instead, refreshed every metadata.max.age.ms.) */
+    static Object regex(Admin admin, String prefix) throws Exception {
+        String stem = prefix + "-rx";
+        admin.createTopics(List.of(new org.apache.kafka.clients.admin.NewTopic(stem + "-a", 1, (short) 1))).all().get();
+        Map<String, Object> extra = new HashMap<>();
+        extra.put("group.id", prefix + "-regex");
+        extra.put("group.protocol", "consumer");
+        try (KafkaConsumer<String, String> c = JavaClient.consumer(extra)) {
+            c.subscribe(new SubscriptionPattern(stem.replace("-", "\\-") + "\\-.*"));
+            long deadline = System.currentTimeMillis() + 20000;
+            while (c.assignment().isEmpty() && System.currentTimeMillis() < deadline) c.poll(Duration.ofMillis(100));
+            List<String> first = new ArrayList<>();
+            for (TopicPartition tp : c.assignment()) first.add(tp.toString());
+            admin.createTopics(List.of(new org.apache.kafka.clients.admin.NewTopic(stem + "-b", 1, (short) 1))).all().get();
+            deadline = System.currentTimeMillis() + 20000;
+            while (c.assignment().size() < 2 && System.currentTimeMillis() < deadline) c.poll(Duration.ofMillis(100));
+            List<String> second = new ArrayList<>();
+            for (TopicPartition tp : c.assignment()) second.add(tp.toString());
+            first.sort(null);
+            second.sort(null);
+            return Map.of("first", first, "second", second);
+        }
+    }
+
+    /** The classic protocol with Kafka's cooperative-sticky assignor: two members split the topic. */
+    static Object cooperative(String topic) throws Exception {
+        Map<String, Object> extra = new HashMap<>();
+        extra.put("group.id", JavaClient.args.get("prefix") + "-coop");
+        extra.put("partition.assignment.strategy", "org.apache.kafka.clients.consumer.CooperativeStickyAssignor");
+        try (KafkaConsumer<String, String> a = JavaClient.consumer(extra); KafkaConsumer<String, String> b = JavaClient.consumer(extra)) {
+            a.subscribe(List.of(topic));
+            long deadline = System.currentTimeMillis() + 20000;
+            while (a.assignment().size() != 2 && System.currentTimeMillis() < deadline) a.poll(Duration.ofMillis(50));
+            b.subscribe(List.of(topic));
+            while ((a.assignment().size() != 1 || b.assignment().size() != 1) && System.currentTimeMillis() < deadline) {
+                a.poll(Duration.ofMillis(50));
+                b.poll(Duration.ofMillis(50));
+            }
+            Map<String, Object> out = new TreeMap<>();
+            out.put("a", JavaClient.partitionsOf(a.assignment()));
+            out.put("b", JavaClient.partitionsOf(b.assignment()));
+            out.put("generation", a.groupMetadata().generationId());
+            return out;
+        }
+    }
+}
