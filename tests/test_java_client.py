@@ -11,9 +11,11 @@ once per session; each scenario is one JVM that prints one JSON object per line.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import uuid
+import zlib
 from collections import defaultdict
 from pathlib import Path
 
@@ -40,7 +42,7 @@ ck = pytest.importorskip("confluent_kafka", reason="confluent-kafka is not insta
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient  # noqa: E402
 
-from cluster_fixtures import create_topic, unique_topic  # noqa: E402
+from cluster_fixtures import create_topic, etcd, start_cluster, unique_topic  # noqa: E402,F401 - etcd is a fixture
 
 GATEWAY_SETTINGS = {"group.consumer.heartbeat.interval.ms": 500, "group.consumer.session.timeout.ms": 6000}
 
@@ -62,7 +64,17 @@ def gateway(tmp_path_factory):
 
 
 def classpath(*extra: Path) -> str:
-    return ":".join(str(p) for p in (*extra, KAFKA_CLIENTS, SLF4J))
+    """With JAVA_CLIENT_LOG=warn (or info, debug) the client's own log goes to stderr through
+    Debian's slf4j-simple, for finding out why a scenario failed."""
+    jars = [*extra, KAFKA_CLIENTS, SLF4J]
+    if os.environ.get("JAVA_CLIENT_LOG") and SLF4J is not None and (SLF4J.parent / "slf4j-simple.jar").is_file():
+        jars.append(SLF4J.parent / "slf4j-simple.jar")
+    return ":".join(map(str, jars))
+
+
+def jvm() -> list[str]:
+    level = os.environ.get("JAVA_CLIENT_LOG")
+    return ["java", *([f"-Dorg.slf4j.simpleLogger.defaultLogLevel={level}"] if level else [])]
 
 
 def java(classes: Path, scenario: str, *, expect_error: bool = False, timeout: float = 90,
@@ -71,8 +83,10 @@ def java(classes: Path, scenario: str, *, expect_error: bool = False, timeout: f
     every client the scenario makes (security settings)."""
     argv = [f"{k.replace('_', '.')}={v}" for k, v in args.items()]
     argv += [f"client.{k}={v}" for k, v in (conf or {}).items()]
-    proc = subprocess.run(["java", "-Xshare:auto", "-XX:TieredStopAtLevel=1", "-cp", classpath(classes), "JavaClient",
+    proc = subprocess.run([*jvm(), "-Xshare:auto", "-XX:TieredStopAtLevel=1", "-cp", classpath(classes), "JavaClient",
                            scenario, *argv], capture_output=True, text=True, timeout=timeout)
+    if os.environ.get("JAVA_CLIENT_LOG"):
+        print(proc.stderr)  # shown with pytest -s
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     errors = [line for line in lines if line["event"] in ("error", "member-error")]
     if expect_error:
@@ -276,3 +290,41 @@ def test_compression_fencing_static_members_regex_and_more_admin_calls(gateway, 
     assert result["describeTransactions"]["state"] == "CompleteCommit"
     assert "ElectionNotNeededException" in result["electLeaders"]
     assert result["listOffsets forTimestamp"] == 0
+
+
+def test_consumer_protocol_group_survives_its_coordinator_dying(gateway_factory, etcd, tmp_path, classes):
+    """Three Java members on a three-gateway cluster; the gateway coordinating their group is
+    killed while they run. Another gateway loads the group from the coordinator store and the
+    members carry on (their heartbeats, commits and the producer's retries move over)."""
+    gws = start_cluster(gateway_factory, etcd, tmp_path, 3,
+                        **{**GATEWAY_SETTINGS, "group.consumer.session.timeout.ms": 30_000})
+    bootstrap = ",".join(g.bootstrap for g in gws)
+    # The coordinator is a hash over the live gateways in id order: this group is the third's.
+    group = next(g for g in (f"jfail-{uuid.uuid4().hex[:8]}" for _ in range(100)) if zlib.crc32(g.encode()) % 3 == 2)
+    topic, n, partitions = unique_topic("java-fail"), 120, 6
+    create_topic(bootstrap, topic, partitions)
+    argv = [f"bootstrap={bootstrap}", f"topic={topic}", f"group={group}", f"count={n}", f"partitions={partitions}",
+            "hold.ms=4000", "wait.ms=60000", "client.reconnect.backoff.max.ms=1000"]
+    proc = subprocess.Popen([*jvm(), "-cp", classpath(classes), "JavaClient", "group848", *argv],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[dict] = []
+    try:
+        for raw in proc.stdout:
+            lines.append(json.loads(raw))
+            if lines[-1]["event"] == "described":
+                assert lines[-1]["coordinator"] == 3
+                gws[2].kill9()
+                break
+        rest, err = proc.communicate(timeout=150)
+    finally:
+        proc.kill()
+    if os.environ.get("JAVA_CLIENT_LOG"):
+        print(err)  # shown with pytest -s
+    lines += [json.loads(line) for line in rest.splitlines() if line.startswith("{")]
+    errors = [line for line in lines if line["event"] in ("error", "member-error")]
+    assert proc.returncode == 0 and not errors, f"{errors}\n{err[-3000:]}"
+    seen = [(e["record"]["partition"], e["record"]["offset"]) for e in events(lines, "record")]
+    assert len(seen) == len(set(seen)) == n, "records lost or read twice"
+    after = events(lines, "described")[-1]
+    assert after["coordinator"] in (1, 2) and sorted(m["clientId"] for m in after["members"]) == ["member-b", "member-c"]
+    assert events(lines, "committed")[0]["offsets"] == {str(p): n // partitions for p in range(partitions)}

@@ -116,6 +116,9 @@ final class GroupScenarios {
             waitFor("three members share the partitions",
                     () -> a.assignment.size() == share && b.assignment.size() == share && c.assignment.size() == share, all);
             describe(admin, group);
+            // Time for the caller to disturb the cluster (kill the group's coordinator) while
+            // the three members run.
+            Thread.sleep(JavaClient.intArg("hold.ms", 0));
             produce(producer, topic, count / 2, count, partitions);
             a.close();
             JavaClient.emit("event", "left", "member", a.name);
@@ -149,6 +152,6 @@ final class GroupScenarios {
             members.add(one);
         }
         JavaClient.emit("event", "described", "type", d.type().name(), "state", d.groupState().name(),
-                "assignor", d.partitionAssignor(), "groupEpoch", d.groupEpoch().orElse(null), "members", members);
+                "assignor", d.partitionAssignor(), "coordinator", d.coordinator().id(), "groupEpoch", d.groupEpoch().orElse(null), "members", members);
     }
 }
