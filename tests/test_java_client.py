@@ -289,7 +289,15 @@ def test_compression_fencing_static_members_regex_and_more_admin_calls(gateway, 
     assert result["listTransactions"] == [f"{prefix}-fence:CompleteCommit"]
     assert result["describeTransactions"]["state"] == "CompleteCommit"
     assert "ElectionNotNeededException" in result["electLeaders"]
-    assert result["listOffsets forTimestamp"] == 0
+    # A second live member with the same group.instance.id is refused; the first keeps its partitions.
+    assert result["static member id conflict"] == {"second": "UnreleasedInstanceIdException", "firstKeeps": [0, 1]}
+    assert result["fenceProducers"] == 3  # one epoch past the last producer's (2)
+    assert result["removeMembersFromConsumerGroup"] == 0
+    assert result["createTopics validateOnly"] is False
+    assert result["createTopics bad config"] == "InvalidConfigurationException"
+    assert result["record too large"] == "RecordTooLargeException"
+    assert result["offset reset none after deleteRecords"] == "OffsetOutOfRangeException 1"
+    assert result["listOffsets forTimestamp"] == 5  # the log now starts at 5
 
 
 def test_consumer_protocol_group_survives_its_coordinator_dying(gateway_factory, etcd, tmp_path, classes):

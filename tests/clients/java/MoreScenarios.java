@@ -129,6 +129,48 @@ final class MoreScenarios {
                     java.util.Set.of(new TopicPartition(topic, 0))).partitions().get().toString());
             step("describeLogDirs", () -> admin.describeLogDirs(List.of(
                     admin.describeCluster().nodes().get().iterator().next().id())).allDescriptions().get().size());
+            step("static member id conflict", () -> staticConflict(topic));
+            step("fenceProducers", () -> {
+                admin.fenceProducers(List.of(prefix + "-fence")).all().get();
+                return admin.describeTransactions(List.of(prefix + "-fence")).all().get().get(prefix + "-fence").producerEpoch();
+            });
+            step("removeMembersFromConsumerGroup", () -> removeMembers(admin, topic));
+            step("createTopics validateOnly", () -> {
+                admin.createTopics(List.of(new org.apache.kafka.clients.admin.NewTopic(prefix + "-dry", 1, (short) 1)),
+                        new org.apache.kafka.clients.admin.CreateTopicsOptions().validateOnly(true)).all().get();
+                return admin.listTopics().names().get().contains(prefix + "-dry");
+            });
+            step("createTopics bad config", () -> {
+                try {
+                    admin.createTopics(List.of(new org.apache.kafka.clients.admin.NewTopic(prefix + "-bad", 1, (short) 1)
+                            .configs(Map.of("retention.ms", "soon")))).all().get();
+                    return "created";
+                } catch (java.util.concurrent.ExecutionException e) {
+                    return e.getCause().getClass().getSimpleName();
+                }
+            });
+            step("record too large", () -> {
+                try (KafkaProducer<String, String> p = JavaClient.producer(Map.of("max.request.size", "4000000"))) {
+                    p.send(new ProducerRecord<>(topic, 0, "k", "x".repeat(2_000_000))).get();
+                    return "accepted";
+                } catch (java.util.concurrent.ExecutionException e) {
+                    return e.getCause().getClass().getSimpleName();
+                }
+            });
+            step("offset reset none after deleteRecords", () -> {
+                TopicPartition tp = new TopicPartition(topic, 0);
+                admin.deleteRecords(Map.of(tp, org.apache.kafka.clients.admin.RecordsToDelete.beforeOffset(5))).all().get();
+                try (KafkaConsumer<String, String> c = JavaClient.consumer(Map.of("auto.offset.reset", "none"))) {
+                    c.assign(List.of(tp));
+                    c.seek(tp, 1);
+                    try {
+                        c.poll(Duration.ofSeconds(5));
+                        return "no error at " + c.position(tp);
+                    } catch (org.apache.kafka.clients.consumer.OffsetOutOfRangeException e) {
+                        return "OffsetOutOfRangeException " + e.offsetOutOfRangePartitions().get(tp);
+                    }
+                }
+            });
             step("listOffsets forTimestamp", () -> admin.listOffsets(Map.of(new TopicPartition(topic, 0), OffsetSpec.forTimestamp(0)))
                     .all().get().get(new TopicPartition(topic, 0)).offset());
         }
@@ -170,6 +212,46 @@ final class MoreScenarios {
             }
         }
         return out;
+    }
+
+    /** KIP-848: a second live member with the same group.instance.id is refused
+     * (UNRELEASED_INSTANCE_ID) while the first holds it. */
+    static Object staticConflict(String topic) {
+        Map<String, Object> conf = new HashMap<>();
+        conf.put("group.id", JavaClient.args.get("prefix") + "-conflict");
+        conf.put("group.protocol", "consumer");
+        conf.put("group.instance.id", "same");
+        try (KafkaConsumer<String, String> a = JavaClient.consumer(conf); KafkaConsumer<String, String> b = JavaClient.consumer(conf)) {
+            a.subscribe(List.of(topic));
+            long deadline = System.currentTimeMillis() + 20000;
+            while (a.assignment().isEmpty() && System.currentTimeMillis() < deadline) a.poll(Duration.ofMillis(50));
+            b.subscribe(List.of(topic));
+            try {
+                while (System.currentTimeMillis() < deadline) {
+                    b.poll(Duration.ofMillis(100));
+                    a.poll(Duration.ofMillis(10));
+                }
+                return "both joined";
+            } catch (Exception e) {
+                return Map.of("second", e.getClass().getSimpleName(), "firstKeeps", JavaClient.partitionsOf(a.assignment()));
+            }
+        }
+    }
+
+    /** A classic static member removed by the AdminClient (LeaveGroup by instance id). */
+    static Object removeMembers(Admin admin, String topic) throws Exception {
+        String group = JavaClient.args.get("prefix") + "-remove";
+        Map<String, Object> conf = new HashMap<>();
+        conf.put("group.id", group);
+        conf.put("group.instance.id", "removable");
+        try (KafkaConsumer<String, String> a = JavaClient.consumer(conf)) {
+            a.subscribe(List.of(topic));
+            long deadline = System.currentTimeMillis() + 20000;
+            while (a.assignment().isEmpty() && System.currentTimeMillis() < deadline) a.poll(Duration.ofMillis(50));
+            admin.removeMembersFromConsumerGroup(group, new org.apache.kafka.clients.admin.RemoveMembersFromConsumerGroupOptions(
+                    List.of(new org.apache.kafka.clients.admin.MemberToRemove("removable")))).all().get();
+            return admin.describeConsumerGroups(List.of(group)).all().get().get(group).members().size();
+        }
     }
 
     /** KIP-848 server-side regex (SubscriptionPattern, RE2J syntax): the gateway resolves it
