@@ -76,7 +76,7 @@ class Cleaner:
             if "delete" not in self.topic_config(plog.topic, "cleanup.policy"):
                 continue
             new_start = plog.log_start_offset
-            total = sum(s.size for s in plog.sealed) + sum(s.size for s in plog.rolled) + plog.active.size
+            total = plog.size_bytes
             for s in plog.sealed:
                 expired = retention_ms >= 0 and s.max_timestamp < now_ms - retention_ms
                 too_big = retention_bytes >= 0 and total - s.size >= retention_bytes

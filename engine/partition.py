@@ -87,6 +87,11 @@ class PartitionLog:
     def key(self) -> tuple[uuid.UUID, int]:
         return self.topic_id, self.partition
 
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of the log: its sealed segments in the object store plus the local ones."""
+        return sum(s.size for s in self.sealed) + sum(s.size for s in self.rolled) + self.active.size
+
     # ---- recovery ----------------------------------------------------------------------
 
     @classmethod

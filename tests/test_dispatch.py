@@ -99,6 +99,32 @@ def test_metadata_by_id_ignores_the_default_empty_name():
     assert (topic.error_code, topic.topic_id, topic.name) == (ErrorCode.UNKNOWN_TOPIC_ID, tid, None)
 
 
+class OneLog:
+    """The broker surface DescribeLogDirs uses: one led partition of 1234 bytes."""
+
+    def __init__(self, data_dir):
+        self.data_dir = data_dir
+        self.engine = self
+        self.log = type("Log", (), {"size_bytes": 1234})()
+
+    def led(self) -> dict:
+        return {("t", 0): self.log}
+
+
+@pytest.mark.parametrize("version", range(0, 5))
+def test_describe_log_dirs_lists_led_partitions_with_their_size(version, tmp_path):
+    for topics, expected in ((None, [("t", [(0, 1234)])]),
+                             ([{"topic": "t", "partitions": [1]}], []),
+                             ([{"topic": "t", "partitions": [0]}], [("t", [(0, 1234)])])):
+        resp = asyncio.run(answer(OneLog(tmp_path), ApiKey.DESCRIBE_LOG_DIRS, version, {"topics": topics}))
+        (result,) = resp.results
+        assert (result.error_code, result.log_dir) == (0, str(tmp_path))
+        assert [(t.name, [(p.partition_index, p.partition_size) for p in t.partitions])
+                for t in result.topics] == expected
+        if version >= 4:
+            assert result.total_bytes > 0 and result.usable_bytes >= 0
+
+
 @pytest.mark.parametrize("version", range(0, 7))
 def test_find_coordinator_answers_only_fields_of_its_version(version):
     body = {"key": "g", "coordinator_keys": ["g"]}

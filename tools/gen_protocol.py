@@ -32,7 +32,7 @@ API_NAMES = [
     "DescribeTransactions", "ListTransactions", "DescribeClientQuotas", "AlterClientQuotas",
     "ElectLeaders", "AlterPartitionReassignments", "ListPartitionReassignments",
     "ConsumerGroupHeartbeat", "ConsumerGroupDescribe",
-    "GetTelemetrySubscriptions", "PushTelemetry",
+    "GetTelemetrySubscriptions", "PushTelemetry", "DescribeLogDirs",
 ]
 HEADERS = ["RequestHeader", "ResponseHeader"]
 DATA = ["ConsumerProtocolSubscription", "ConsumerProtocolAssignment"]

@@ -4,7 +4,7 @@ import importlib
 
 _MODULES = ("api_versions", "metadata", "produce", "fetch", "list_offsets", "admin",
             "transactions", "groups", "consumer_groups", "offsets", "sasl", "acls", "replicas",
-            "quotas", "telemetry")
+            "quotas", "telemetry", "log_dirs")
 
 
 def load_handlers() -> None:

@@ -1278,6 +1278,33 @@ PUSH_TELEMETRY_RESPONSE = Schema('PushTelemetryResponse', 0, 0, 0, (
     F('error_code', 'int16', 0, default=0),
 ))
 
+DESCRIBE_LOG_DIRS_REQUEST = Schema('DescribeLogDirsRequest', 0, 4, 2, (
+    F('topics', '[]struct', 0, nullable=(0, 32767), fields=(
+        F('topic', 'string', 0, default=''),
+        F('partitions', '[]int32', 0),
+    )),
+))
+
+DESCRIBE_LOG_DIRS_RESPONSE = Schema('DescribeLogDirsResponse', 0, 4, 2, (
+    F('throttle_time_ms', 'int32', 0, default=0),
+    F('error_code', 'int16', 3, default=0),
+    F('results', '[]struct', 0, fields=(
+        F('error_code', 'int16', 0, default=0),
+        F('log_dir', 'string', 0, default=''),
+        F('topics', '[]struct', 0, fields=(
+            F('name', 'string', 0, default=''),
+            F('partitions', '[]struct', 0, fields=(
+                F('partition_index', 'int32', 0, default=0),
+                F('partition_size', 'int64', 0, default=0),
+                F('offset_lag', 'int64', 0, default=0),
+                F('is_future_key', 'bool', 0, default=False),
+            )),
+        )),
+        F('total_bytes', 'int64', 4, default=-1),
+        F('usable_bytes', 'int64', 4, default=-1),
+    )),
+))
+
 
 class ApiKey(IntEnum):
     """The APIs above, by the key a request header carries."""
@@ -1311,6 +1338,7 @@ class ApiKey(IntEnum):
     DELETE_ACLS = 31
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
+    DESCRIBE_LOG_DIRS = 35
     SASL_AUTHENTICATE = 36
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
@@ -1365,6 +1393,7 @@ APIS: dict[int, tuple[str, Schema, Schema]] = {
     ApiKey.DELETE_ACLS: ('DeleteAcls', DELETE_ACLS_REQUEST, DELETE_ACLS_RESPONSE),
     ApiKey.DESCRIBE_CONFIGS: ('DescribeConfigs', DESCRIBE_CONFIGS_REQUEST, DESCRIBE_CONFIGS_RESPONSE),
     ApiKey.ALTER_CONFIGS: ('AlterConfigs', ALTER_CONFIGS_REQUEST, ALTER_CONFIGS_RESPONSE),
+    ApiKey.DESCRIBE_LOG_DIRS: ('DescribeLogDirs', DESCRIBE_LOG_DIRS_REQUEST, DESCRIBE_LOG_DIRS_RESPONSE),
     ApiKey.SASL_AUTHENTICATE: ('SaslAuthenticate', SASL_AUTHENTICATE_REQUEST, SASL_AUTHENTICATE_RESPONSE),
     ApiKey.CREATE_PARTITIONS: ('CreatePartitions', CREATE_PARTITIONS_REQUEST, CREATE_PARTITIONS_RESPONSE),
     ApiKey.DELETE_GROUPS: ('DeleteGroups', DELETE_GROUPS_REQUEST, DELETE_GROUPS_RESPONSE),

@@ -127,8 +127,18 @@ final class MoreScenarios {
             step("listPartitionReassignments", () -> admin.listPartitionReassignments().reassignments().get().size());
             step("electLeaders", () -> admin.electLeaders(org.apache.kafka.common.ElectionType.PREFERRED,
                     java.util.Set.of(new TopicPartition(topic, 0))).partitions().get().toString());
-            step("describeLogDirs", () -> admin.describeLogDirs(List.of(
-                    admin.describeCluster().nodes().get().iterator().next().id())).allDescriptions().get().size());
+            step("describeLogDirs", () -> {
+                int node = admin.describeCluster().nodes().get().iterator().next().id();
+                Map<String, Object> out = new TreeMap<>();
+                for (var dir : admin.describeLogDirs(List.of(node)).allDescriptions().get().get(node).entrySet()) {
+                    for (var replica : dir.getValue().replicaInfos().entrySet()) {
+                        if (replica.getKey().topic().equals(topic)) out.put(replica.getKey().toString(), replica.getValue().size());
+                    }
+                    out.put("dirs", dir.getKey().isEmpty() ? 0 : 1);
+                    out.put("usable", dir.getValue().usableBytes().orElse(-1L) > 0);
+                }
+                return out;
+            });
             step("static member id conflict", () -> staticConflict(topic));
             step("fenceProducers", () -> {
                 admin.fenceProducers(List.of(prefix + "-fence")).all().get();
