@@ -337,3 +337,20 @@ def test_consumer_protocol_group_survives_its_coordinator_dying(gateway_factory,
     after = events(lines, "described")[-1]
     assert after["coordinator"] in (1, 2) and sorted(m["clientId"] for m in after["members"]) == ["member-b", "member-c"]
     assert events(lines, "committed")[0]["offsets"] == {str(p): n // partitions for p in range(partitions)}
+
+
+def test_classic_group_upgraded_online_by_a_consumer_protocol_member(gateway, classes):
+    topic, group, n, partitions = new_topic(gateway, 4, "java-up"), f"up-{uuid.uuid4().hex[:6]}", 60, 4
+    lines = java(classes, "upgrade", bootstrap=gateway.bootstrap, topic=topic, group=group, count=n,
+                 partitions=partitions, timeout=120)
+    seen = [(e["record"]["partition"], e["record"]["offset"]) for e in events(lines, "record")]
+    assert len(seen) == len(set(seen)) == n, "records lost or read twice"
+    classic, mixed, upgraded = events(lines, "described")
+    assert classic["type"] == "CLASSIC" and [m["clientId"] for m in classic["members"]] == ["classic-member"]
+    assert mixed["type"] == "CONSUMER" and sorted(m["clientId"] for m in mixed["members"]) == ["classic-member",
+                                                                                            "consumer-member"]
+    assert sorted(p for m in mixed["members"] for p in m["assignment"]) == list(range(partitions))
+    assert [m["clientId"] for m in upgraded["members"]] == ["consumer-member"]
+    assert events(lines, "committed")[0]["offsets"] == {str(p): n // partitions for p in range(partitions)}
+    # Unsubscribing leaves the group (epoch -1); subscribing again rejoins it.
+    assert events(lines, "resubscribed")[0] == {"event": "resubscribed", "first": [0, 1, 2, 3], "again": [0, 1, 2, 3]}

@@ -140,6 +140,60 @@ final class GroupScenarios {
         }
     }
 
+    /**
+     * KIP-848's online upgrade: a classic member (Kafka's default classic assignors) owns
+     * the topic, a consumer-protocol member joins the same group, then the classic member
+     * leaves. Every record is read once, with commits, throughout; and a consumer-protocol
+     * member that unsubscribes (epoch -1) and subscribes again rejoins.
+     */
+    static void upgrade() throws Exception {
+        String topic = JavaClient.args.get("topic"), group = JavaClient.args.get("group");
+        int count = JavaClient.intArg("count", 60), partitions = JavaClient.intArg("partitions", 4);
+        Map<String, Object> classic = new HashMap<>(Map.of("group.id", group, "group.protocol", "classic"));
+        Map<String, Object> modern = new HashMap<>(Map.of("group.id", group, "group.protocol", "consumer"));
+        List<Member> all = new ArrayList<>();
+        try (KafkaProducer<String, String> producer = JavaClient.producer(Map.of());
+             Admin admin = Admin.create(JavaClient.common())) {
+            produce(producer, topic, 0, count / 3, partitions);
+            Member old = new Member("classic-member", topic, classic);
+            all.add(old);
+            waitFor("the classic member owns every partition", () -> old.assignment.size() == partitions, all);
+            describe(admin, group);
+            Member fresh = new Member("consumer-member", topic, modern);
+            all.add(fresh);
+            waitFor("both members share the partitions",
+                    () -> !old.assignment.isEmpty() && !fresh.assignment.isEmpty()
+                            && old.assignment.size() + fresh.assignment.size() == partitions, all);
+            describe(admin, group);
+            produce(producer, topic, count / 3, 2 * count / 3, partitions);
+            old.close();
+            waitFor("the consumer member owns every partition", () -> fresh.assignment.size() == partitions, all);
+            produce(producer, topic, 2 * count / 3, count, partitions);
+            waitFor("every record consumed", () -> CONSUMED.get() >= count, all);
+            describe(admin, group);
+            fresh.close();
+            Map<String, Object> committed = new LinkedHashMap<>();
+            for (Map.Entry<TopicPartition, OffsetAndMetadata> e
+                    : admin.listConsumerGroupOffsets(group).partitionsToOffsetAndMetadata().get().entrySet()) {
+                committed.put(Integer.toString(e.getKey().partition()), e.getValue().offset());
+            }
+            JavaClient.emit("event", "committed", "offsets", committed);
+        } finally {
+            for (Member m : all) m.running = false;
+        }
+        // Unsubscribe (leave with epoch -1) and subscribe again on the same consumer.
+        try (KafkaConsumer<String, String> c = JavaClient.consumer(modern)) {
+            c.subscribe(List.of(topic));
+            long deadline = System.currentTimeMillis() + 20000;
+            while (c.assignment().size() != partitions && System.currentTimeMillis() < deadline) c.poll(Duration.ofMillis(50));
+            List<Integer> first = JavaClient.partitionsOf(c.assignment());
+            c.unsubscribe();
+            c.subscribe(List.of(topic));
+            while (c.assignment().size() != partitions && System.currentTimeMillis() < deadline) c.poll(Duration.ofMillis(50));
+            JavaClient.emit("event", "resubscribed", "first", first, "again", JavaClient.partitionsOf(c.assignment()));
+        }
+    }
+
     static void describe(Admin admin, String group) throws Exception {
         ConsumerGroupDescription d = admin.describeConsumerGroups(List.of(group)).describedGroups().get(group).get();
         List<Map<String, Object>> members = new ArrayList<>();

@@ -43,6 +43,7 @@ public final class JavaClient {
                 case "produce" -> produce();
                 case "consume" -> consume();
                 case "group848" -> GroupScenarios.consumerProtocol();
+                case "upgrade" -> GroupScenarios.upgrade();
                 case "transactions" -> TxnScenarios.commitAndAbort();
                 case "read-process-write" -> TxnScenarios.readProcessWrite();
                 case "admin" -> AdminScenarios.run();
