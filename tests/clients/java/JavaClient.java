@@ -124,6 +124,7 @@ public final class JavaClient {
         String topic = args.get("topic");
         int count = intArg("count", 10), partitions = intArg("partitions", 1);
         String prefix = arg("prefix", "");
+        int interval = intArg("interval.ms", 0);
         List<Future<RecordMetadata>> acks = new ArrayList<>();
         try (KafkaProducer<String, String> producer = producer(Map.of())) {
             for (int i = 0; i < count; i++) {
@@ -131,6 +132,11 @@ public final class JavaClient {
                         topic, i % partitions, prefix + "k-" + i, prefix + "v-" + i);
                 rec.headers().add("seq", Integer.toString(i).getBytes(StandardCharsets.UTF_8));
                 acks.add(producer.send(rec));
+                if (interval > 0) {
+                    // Paced sends, with a mark a third of the way for the caller to disturb the gateway.
+                    if (i == count / 3) emit("event", "progress", "sent", i);
+                    Thread.sleep(interval);
+                }
             }
             producer.flush();
             for (int i = 0; i < count; i++) {
