@@ -388,3 +388,19 @@ def test_idempotent_producer_carries_on_across_a_gateway_kill(gateway_factory, c
         mine = [r for r in records if r["partition"] == partition]
         assert [r["value"] for r in mine] == [f"v-{i}" for i in range(partition, n, partitions)]
         assert [r["offset"] for r in mine] == list(range(n // partitions))
+
+
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_offsets_sent_to_a_transaction_with_stale_group_metadata_fail_the_commit(gateway, classes, protocol):
+    """KIP-447 zombie fencing with the Java producer: sendOffsetsToTransaction with the
+    metadata of a member that has left, or of a generation (member epoch) that is over,
+    fails as CommitFailedException (which the application recovers from by abort and
+    rejoin) instead of committing. A consumer-protocol member may still commit with its
+    previous epoch the partitions it keeps, as Kafka allows."""
+    topic = new_topic(gateway, 2, "java-zombie")
+    lines = java(classes, "zombie", bootstrap=gateway.bootstrap, input=topic, group=f"z-{topic}",
+                 transactional_id=f"tz-{topic}", group_protocol=protocol, timeout=120)
+    outcome = {e["with"]: e["outcome"] for e in events(lines, "commit")}
+    assert outcome == {"older generation": "CommitFailedException" if protocol == "classic" else "committed",
+                       "current": "committed", "two generations back": "CommitFailedException",
+                       "departed member": "CommitFailedException"}

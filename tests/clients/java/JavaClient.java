@@ -46,6 +46,7 @@ public final class JavaClient {
                 case "upgrade" -> GroupScenarios.upgrade();
                 case "transactions" -> TxnScenarios.commitAndAbort();
                 case "read-process-write" -> TxnScenarios.readProcessWrite();
+                case "zombie" -> TxnScenarios.zombie();
                 case "admin" -> AdminScenarios.run();
                 case "more" -> MoreScenarios.run();
                 default -> throw new IllegalArgumentException("unknown scenario " + argv[0]);

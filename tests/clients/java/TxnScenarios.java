@@ -59,6 +59,72 @@ final class TxnScenarios {
     }
 
     /**
+     * KIP-447 fencing: offsets sent to a transaction with group metadata that is no longer
+     * current (a member that has left, or an older generation/member epoch) must fail the
+     * commit; with the current metadata they are committed.
+     */
+    static void zombie() throws Exception {
+        String input = JavaClient.args.get("input"), group = JavaClient.args.get("group");
+        Map<String, Object> extra = new HashMap<>();
+        extra.put("group.id", group);
+        extra.put("group.protocol", JavaClient.arg("group.protocol", "classic"));
+        TopicPartition tp = new TopicPartition(input, 0);
+        org.apache.kafka.clients.consumer.ConsumerGroupMetadata first, current;
+        try (KafkaConsumer<String, String> a = JavaClient.consumer(extra)) {
+            a.subscribe(List.of(input));
+            long deadline = System.currentTimeMillis() + 20000;
+            while (a.assignment().size() != 2 && System.currentTimeMillis() < deadline) a.poll(Duration.ofMillis(50));
+            first = a.groupMetadata();
+            try (KafkaConsumer<String, String> b = JavaClient.consumer(extra)) {
+                b.subscribe(List.of(input));
+                while ((a.assignment().size() != 1 || b.assignment().size() != 1) && System.currentTimeMillis() < deadline) {
+                    a.poll(Duration.ofMillis(50));
+                    b.poll(Duration.ofMillis(50));
+                }
+                current = a.groupMetadata();
+                JavaClient.emit("event", "generations", "first", first.generationId(), "current", current.generationId());
+                TopicPartition owned = a.assignment().iterator().next();
+                JavaClient.emit("event", "commit", "with", "older generation", "outcome", commitWith(first, owned, 3));
+                JavaClient.emit("event", "commit", "with", "current", "outcome", commitWith(current, owned, 4));
+                // One more member: the first metadata is now two generations (member epochs) old.
+                try (KafkaConsumer<String, String> c = JavaClient.consumer(extra)) {
+                    c.subscribe(List.of(input));
+                    while (a.groupMetadata().generationId() == current.generationId() && System.currentTimeMillis() < deadline) {
+                        a.poll(Duration.ofMillis(50));
+                        b.poll(Duration.ofMillis(50));
+                        c.poll(Duration.ofMillis(50));
+                    }
+                    TopicPartition still = a.assignment().isEmpty() ? owned : a.assignment().iterator().next();
+                    JavaClient.emit("event", "commit", "with", "two generations back", "generation", a.groupMetadata().generationId(),
+                            "outcome", commitWith(first, still, 6));
+                }
+            }
+        }
+        // Both members have left: the last metadata names a member the group no longer has.
+        JavaClient.emit("event", "commit", "with", "departed member", "outcome", commitWith(current, tp, 5));
+    }
+
+    static String commitWith(org.apache.kafka.clients.consumer.ConsumerGroupMetadata metadata, TopicPartition tp, long offset) {
+        try (KafkaProducer<String, String> producer = JavaClient.producer(
+                Map.of("transactional.id", JavaClient.args.get("transactional.id")))) {
+            producer.initTransactions();
+            producer.beginTransaction();
+            try {
+                producer.sendOffsetsToTransaction(Map.of(tp, new OffsetAndMetadata(offset)), metadata);
+                producer.commitTransaction();
+                return "committed";
+            } catch (org.apache.kafka.common.KafkaException e) {
+                try {
+                    producer.abortTransaction();
+                } catch (org.apache.kafka.common.KafkaException ignored) {
+                    // a fatal error leaves nothing to abort
+                }
+                return e.getClass().getSimpleName();
+            }
+        }
+    }
+
+    /**
      * Read `count` records of `input` in group `group` (read_committed), write each value
      * upper-cased to `output` and commit the input offsets inside the same transaction with
      * the consumer's group metadata (member id and generation fence a zombie, KIP-447).
