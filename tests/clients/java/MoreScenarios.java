@@ -181,6 +181,39 @@ final class MoreScenarios {
                     }
                 }
             });
+            for (Object[] spec : new Object[][] {{"earliestLocal", OffsetSpec.earliestLocal()}, {"latestTiered", OffsetSpec.latestTiered()},
+                    {"earliestPendingUpload", OffsetSpec.earliestPendingUpload()}}) {
+                step("listOffsets " + spec[0], () -> admin.listOffsets(Map.of(new TopicPartition(topic, 0), (OffsetSpec) spec[1]))
+                        .all().get().get(new TopicPartition(topic, 0)).offset());
+            }
+            step("open transaction bounds read_committed", () -> {
+                TopicPartition tp = new TopicPartition(topic, 1);
+                try (KafkaProducer<String, String> p = JavaClient.producer(Map.of("transactional.id", prefix + "-open"));
+                     KafkaConsumer<String, String> committed = JavaClient.consumer(Map.of("isolation.level", "read_committed"));
+                     KafkaConsumer<String, String> uncommitted = JavaClient.consumer(Map.of("isolation.level", "read_uncommitted"))) {
+                    long before = committed.endOffsets(List.of(tp)).get(tp);
+                    p.initTransactions();
+                    p.beginTransaction();
+                    p.send(new ProducerRecord<>(topic, 1, "k", "open")).get();
+                    Map<String, Object> out = new LinkedHashMap<>();
+                    out.put("committedEndMoved", committed.endOffsets(List.of(tp)).get(tp) - before);
+                    out.put("uncommittedEndMoved", uncommitted.endOffsets(List.of(tp)).get(tp) - before);
+                    p.commitTransaction();
+                    out.put("afterCommitMoved", committed.endOffsets(List.of(tp)).get(tp) - before);
+                    return out;
+                }
+            });
+            step("alterConsumerGroupOffsets on a live group", () -> {
+                String group = prefix + "-live";
+                try (KafkaConsumer<String, String> c = AdminScenarios.member(group, "consumer", topic)) {
+                    try {
+                        admin.alterConsumerGroupOffsets(group, Map.of(new TopicPartition(topic, 0), new OffsetAndMetadata(1))).all().get();
+                        return "altered";
+                    } catch (java.util.concurrent.ExecutionException e) {
+                        return e.getCause().getClass().getSimpleName();
+                    }
+                }
+            });
             step("listOffsets forTimestamp", () -> admin.listOffsets(Map.of(new TopicPartition(topic, 0), OffsetSpec.forTimestamp(0)))
                     .all().get().get(new TopicPartition(topic, 0)).offset());
         }
