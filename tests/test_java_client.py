@@ -415,3 +415,18 @@ def test_offsets_sent_to_a_transaction_with_stale_group_metadata_fail_the_commit
     assert outcome == {"older generation": "CommitFailedException" if protocol == "classic" else "committed",
                        "current": "committed", "two generations back": "CommitFailedException",
                        "departed member": "CommitFailedException"}
+
+
+def test_tls_with_a_client_certificate(secure, classes):
+    """The SSL listener with the Java client's own PEM key store (key and certificate in one
+    file) and trust store: the gateway requests a client certificate and maps it to a user."""
+    from test_security import new_topic as secure_topic
+
+    topic = secure_topic(secure, 1)
+    conf = {"security.protocol": "SSL", "ssl.truststore.type": "PEM", "ssl.truststore.location": str(secure.certs.ca),
+            "ssl.keystore.type": "PEM", "ssl.keystore.location": str(secure.certs.client)}
+    produced = java(classes, "produce", bootstrap=secure.address("SSL"), topic=topic, count=5, conf=conf)
+    assert len(events(produced, "ack")) == 5
+    consumed = java(classes, "consume", bootstrap=secure.address("SSL"), topic=topic, group=f"tls-{topic}", count=5,
+                    conf=conf)
+    assert [e["record"]["value"] for e in events(consumed, "record")] == [f"v-{i}" for i in range(5)]
