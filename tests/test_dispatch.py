@@ -99,6 +99,18 @@ def test_metadata_by_id_ignores_the_default_empty_name():
     assert (topic.error_code, topic.topic_id, topic.name) == (ErrorCode.UNKNOWN_TOPIC_ID, tid, None)
 
 
+@pytest.mark.parametrize("version", [0, 1])
+def test_describe_cluster_gives_authorized_operations_when_asked(version):
+    # With ACLs off every cluster operation is allowed: CREATE (5), ALTER (7), DESCRIBE (8),
+    # CLUSTER_ACTION (9), DESCRIBE_CONFIGS (10), ALTER_CONFIGS (11), IDEMPOTENT_WRITE (12).
+    # Kafka's Java AdminClient showed null here before.
+    every = sum(1 << op for op in (5, 7, 8, 9, 10, 11, 12))
+    asked = asyncio.run(answer(NoTopics(), ApiKey.DESCRIBE_CLUSTER, version, {"include_cluster_authorized_operations": True}))
+    assert asked.cluster_authorized_operations == every
+    unasked = asyncio.run(answer(NoTopics(), ApiKey.DESCRIBE_CLUSTER, version, {}))
+    assert unasked.cluster_authorized_operations == -(2**31)
+
+
 class OneLog:
     """The broker surface DescribeLogDirs uses: one led partition of 1234 bytes."""
 

@@ -308,6 +308,13 @@ def test_compression_fencing_static_members_regex_and_more_admin_calls(gateway, 
     # An open transaction holds read_committed's end (the last stable offset) until it commits.
     assert result["open transaction bounds read_committed"] == {"committedEndMoved": 0, "uncommittedEndMoved": 1,
                                                                 "afterCommitMoved": 2}
+    # Asked for, authorized operations are the resource's (every one, as ACLs are off here).
+    assert result["authorized operations"] == {
+        "topic": ["ALTER", "ALTER_CONFIGS", "CREATE", "DELETE", "DESCRIBE", "DESCRIBE_CONFIGS", "READ", "WRITE"],
+        "cluster": ["ALTER", "ALTER_CONFIGS", "CLUSTER_ACTION", "CREATE", "DESCRIBE", "DESCRIBE_CONFIGS",
+                    "IDEMPOTENT_WRITE"],
+        "group": ["DELETE", "DESCRIBE", "READ"]}
+    assert len(result["clientInstanceId"]) == 22  # KIP-714: the gateway gave the client an instance id
     # Offsets of a group with live members are the members' to commit (as Kafka answers).
     assert result["alterConsumerGroupOffsets on a live group"] == "UnknownMemberIdException"
 

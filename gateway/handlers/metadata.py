@@ -26,7 +26,7 @@ def _brokers(ctx: RequestContext, id_field: str = "node_id"):
     return out
 
 
-async def describe_topic(broker, name: str, info, error: int = 0) -> dict:
+async def describe_topic(broker, name: str, info, error: int = 0, operations: int = CLUSTER_ACTIONS_OMITTED) -> dict:
     partitions = []
     if info is not None:
         states = await broker.partition_states(info)
@@ -48,7 +48,7 @@ async def describe_topic(broker, name: str, info, error: int = 0) -> dict:
                 "isr_nodes": list(st.isr), "offline_replicas": offline,
             })
     return {"error_code": error, "name": name, "topic_id": info.topic_id if info else None,
-            "is_internal": False, "partitions": partitions}
+            "is_internal": False, "partitions": partitions, "topic_authorized_operations": operations}
 
 
 def may_create(ctx: RequestContext, topic: str) -> bool:
@@ -68,10 +68,14 @@ def by_id(topic) -> bool:
 async def metadata(ctx: RequestContext, req):
     broker = ctx.broker
     topics = []
+    topic_ops = ctx.version >= 8 and req.include_topic_authorized_operations
+
+    def operations(name: str) -> int:
+        return ctx.authorized_operations(ResourceType.TOPIC, name) if topic_ops else CLUSTER_ACTIONS_OMITTED
     if req.topics is None or (ctx.version == 0 and not req.topics):
         for name in sorted(broker.topics):
             if ctx.allowed(Operation.DESCRIBE, ResourceType.TOPIC, name):  # only what it may see
-                topics.append(await describe_topic(broker, name, broker.topics[name]))
+                topics.append(await describe_topic(broker, name, broker.topics[name], 0, operations(name)))
     else:
         auto = req.allow_auto_topic_creation if ctx.version >= 4 else True
         await broker.look_up_topics([t.name for t in req.topics if not by_id(t)],
@@ -100,10 +104,12 @@ async def metadata(ctx: RequestContext, req):
                     error = e.code
             if info is None and not error:
                 error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-            topics.append(await describe_topic(broker, name, info, error))
+            topics.append(await describe_topic(broker, name, info, error, operations(name)))
+    cluster_ops = 8 <= ctx.version <= 10 and req.include_cluster_authorized_operations
     return {"throttle_time_ms": 0, "brokers": _brokers(ctx), "cluster_id": broker.cluster_id,
             "controller_id": broker.controller_id(), "topics": topics,
-            "cluster_authorized_operations": CLUSTER_ACTIONS_OMITTED}
+            "cluster_authorized_operations": ctx.authorized_operations(ResourceType.CLUSTER, CLUSTER_NAME)
+            if cluster_ops else CLUSTER_ACTIONS_OMITTED}
 
 
 @handles(ApiKey.DESCRIBE_CLUSTER, 0, 1)
@@ -117,4 +123,5 @@ async def describe_cluster(ctx: RequestContext, req):
     return {"throttle_time_ms": 0, "error_code": 0, "endpoint_type": 1,
             "cluster_id": broker.cluster_id, "controller_id": broker.controller_id(),
             "brokers": _brokers(ctx, "broker_id"),
-            "cluster_authorized_operations": CLUSTER_ACTIONS_OMITTED}
+            "cluster_authorized_operations": ctx.authorized_operations(ResourceType.CLUSTER, CLUSTER_NAME)
+            if req.include_cluster_authorized_operations else CLUSTER_ACTIONS_OMITTED}

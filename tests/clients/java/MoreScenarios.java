@@ -33,6 +33,15 @@ final class MoreScenarios {
         return AdminScenarios.step(name, body);
     }
 
+    /** Operation names in order, or null when the answer had none (not requested). */
+    static List<String> sorted(java.util.Set<org.apache.kafka.common.acl.AclOperation> ops) {
+        if (ops == null) return null;
+        List<String> names = new ArrayList<>();
+        for (var op : ops) names.add(op.name());
+        names.sort(null);
+        return names;
+    }
+
     /** Every record of `topic` from the beginning (assigned, no group), as values. */
     static List<String> readAll(String topic, int partitions, String isolation) {
         List<TopicPartition> tps = new ArrayList<>();
@@ -212,6 +221,24 @@ final class MoreScenarios {
                     } catch (java.util.concurrent.ExecutionException e) {
                         return e.getCause().getClass().getSimpleName();
                     }
+                }
+            });
+            step("authorized operations", () -> {
+                Map<String, Object> out = new LinkedHashMap<>();
+                out.put("topic", sorted(admin.describeTopics(List.of(topic),
+                        new org.apache.kafka.clients.admin.DescribeTopicsOptions().includeAuthorizedOperations(true))
+                        .allTopicNames().get().get(topic).authorizedOperations()));
+                out.put("cluster", sorted(admin.describeCluster(
+                        new org.apache.kafka.clients.admin.DescribeClusterOptions().includeAuthorizedOperations(true))
+                        .authorizedOperations().get()));
+                out.put("group", sorted(admin.describeConsumerGroups(List.of(prefix + "-static"),
+                        new org.apache.kafka.clients.admin.DescribeConsumerGroupsOptions().includeAuthorizedOperations(true))
+                        .all().get().get(prefix + "-static").authorizedOperations()));
+                return out;
+            });
+            step("clientInstanceId", () -> {
+                try (KafkaProducer<String, String> p = JavaClient.producer(Map.of())) {
+                    return String.valueOf(p.clientInstanceId(Duration.ofSeconds(10)));
                 }
             });
             step("listOffsets forTimestamp", () -> admin.listOffsets(Map.of(new TopicPartition(topic, 0), OffsetSpec.forTimestamp(0)))
