@@ -314,6 +314,7 @@ def test_compression_fencing_static_members_regex_and_more_admin_calls(gateway, 
         "cluster": ["ALTER", "ALTER_CONFIGS", "CLUSTER_ACTION", "CREATE", "DESCRIBE", "DESCRIBE_CONFIGS",
                     "IDEMPOTENT_WRITE"],
         "group": ["DELETE", "DESCRIBE", "READ"]}
+    assert result["topics by id"] == {"named": f"{prefix}-byid", "left": False}  # describe and delete by id
     assert len(result["clientInstanceId"]) == 22  # KIP-714: the gateway gave the client an instance id
     # Offsets of a group with live members are the members' to commit (as Kafka answers).
     assert result["alterConsumerGroupOffsets on a live group"] == "UnknownMemberIdException"

@@ -241,6 +241,18 @@ final class MoreScenarios {
                     return String.valueOf(p.clientInstanceId(Duration.ofSeconds(10)));
                 }
             });
+            step("topics by id", () -> {
+                String doomed = prefix + "-byid";
+                admin.createTopics(List.of(new org.apache.kafka.clients.admin.NewTopic(doomed, 1, (short) 1))).all().get();
+                org.apache.kafka.common.Uuid id = admin.describeTopics(List.of(doomed)).allTopicNames().get().get(doomed).topicId();
+                String named = admin.describeTopics(org.apache.kafka.common.TopicCollection.ofTopicIds(List.of(id)))
+                        .allTopicIds().get().get(id).name();
+                admin.deleteTopics(org.apache.kafka.common.TopicCollection.ofTopicIds(List.of(id))).all().get();
+                // Metadata may show a deleted topic for a moment (in Kafka too): wait for it to go.
+                long deadline = System.currentTimeMillis() + 10000;
+                while (admin.listTopics().names().get().contains(doomed) && System.currentTimeMillis() < deadline) Thread.sleep(50);
+                return Map.of("named", named, "left", admin.listTopics().names().get().contains(doomed));
+            });
             step("listOffsets forTimestamp", () -> admin.listOffsets(Map.of(new TopicPartition(topic, 0), OffsetSpec.forTimestamp(0)))
                     .all().get().get(new TopicPartition(topic, 0)).offset());
         }
