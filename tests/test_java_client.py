@@ -276,6 +276,7 @@ def test_compression_fencing_static_members_regex_and_more_admin_calls(gateway, 
     assert not failed, failed
     result = {name: s.get("result") for name, s in steps.items()}
     assert result["compression gzip"] == result["compression lz4"] == 50
+    assert result["acks 0"] == result["acks 1"] == 20  # the non-idempotent producer's other acks
     assert result["offsetsForTimes"] == {"zero": 0, "future": "null"}
     assert result["producer fenced"] == {"zombie": "ProducerFencedException", "zombieVisible": False,
                                          "freshVisible": True}

@@ -73,6 +73,19 @@ final class MoreScenarios {
                     return readAll(topic, 2, "read_uncommitted").stream().filter(v -> v.startsWith(codec)).count();
                 });
             }
+            for (String acks : new String[] {"0", "1"}) {
+                step("acks " + acks, () -> {
+                    try (KafkaProducer<String, String> p = JavaClient.producer(Map.of("acks", acks, "enable.idempotence", "false"))) {
+                        for (int i = 0; i < 20; i++) p.send(new ProducerRecord<>(topic, 1, "k", "acks" + acks + "-" + i)).get();
+                    }
+                    // acks 0 and 1 answer before the records are committed: read until they are.
+                    long deadline = System.currentTimeMillis() + 10000, seen;
+                    do {
+                        seen = readAll(topic, 2, "read_uncommitted").stream().filter(v -> v.startsWith("acks" + acks + "-")).count();
+                    } while (seen < 20 && System.currentTimeMillis() < deadline);
+                    return seen;
+                });
+            }
             step("offsetsForTimes", () -> {
                 try (KafkaConsumer<String, String> c = JavaClient.consumer(Map.of())) {
                     TopicPartition tp = new TopicPartition(topic, 0);
