@@ -1,7 +1,7 @@
 """`KVClusterStore`: the cluster model of `coordinator.model` over any `KV` backend.
 
 Keys live under `/stratalog/<cluster>/` as model.py lists them, values are compact JSON
-(UUIDs as strings, names percent-quoted inside keys). Six keys are added to that list:
+(UUIDs as strings, names percent-quoted inside keys). These keys are added to that list:
 
     keyspace_version                  -> KEYSPACE_VERSION of the layout below (absent: 1)
     partitions/<topic_id>/<p>/epoch   -> leader epoch as a decimal integer
@@ -25,6 +25,9 @@ Keys live under `/stratalog/<cluster>/` as model.py lists them, values are compa
                                          members, assignments), JSON the gateway owns
                                          (gateway.groups.classic_state); bytes here;
                                          absent while the group is Empty
+    groups/<group>/empty_since        -> when offset expiry first found the group without
+                                         members (ms, decimal); removed when it has some
+                                         (gateway.groups.expiry)
     migration                         -> where `stratalog migrate` brought the cluster
                                          from, and whether it finished
                                          (coordinator.migration); gateways never read it
@@ -385,6 +388,18 @@ class _Chunk:
     tps: list[TP] = field(default_factory=list)
     ranges: list[dict] = field(default_factory=list)
     size: int = 0
+
+
+@dataclass
+class GroupKeys:
+    """A group's keys, summed up (`KVClusterStore.group_keys`)."""
+
+    offsets: int = 0
+    newest_commit_ms: int = -1
+    classic: bool = False  # a classic group's state: kept only while it has members
+    consumer: bytes | None = None  # a consumer-protocol group's state, kept while empty too
+    empty_since_ms: int | None = None  # when offset expiry first saw the group empty
+    pending_txn: bool = False  # offsets an open transaction committed
 
 
 class KVClusterStore:
@@ -1181,6 +1196,34 @@ class KVClusterStore:
                  for key, _, _ in await self.kv.range(base)}
         return sorted(names)
 
+    async def group_keys(self) -> dict[str, "GroupKeys"]:
+        """What the store holds for every group, from one read: for offset expiry."""
+        base = self._k("groups/")
+        out: dict[str, GroupKeys] = {}
+        for key, value, _ in await self.kv.range(base):
+            name, _, rest = key[len(base):].partition("/")
+            g = out.setdefault(unquote(name), GroupKeys())
+            if rest.startswith("offsets/"):
+                g.offsets += 1
+                g.newest_commit_ms = max(g.newest_commit_ms, _offset(key, value).commit_timestamp)
+            elif rest == "classic":
+                g.classic = True
+            elif rest == "consumer":
+                g.consumer = value
+            elif rest == "empty_since":
+                g.empty_since_ms = _int(key, value)
+            elif rest.startswith("txn/"):
+                g.pending_txn = True
+        return out
+
+    async def mark_group_empty(self, group: str, now_ms: int) -> None:
+        """Start an Empty group's expiry clock, unless it runs already."""
+        key = f"{self._group_prefix(group)}empty_since"
+        await self.kv.txn([absent(key)], [Put(key, _dumps(now_ms))])
+
+    async def unmark_group_empty(self, group: str) -> None:
+        await self.kv.delete(f"{self._group_prefix(group)}empty_since")
+
     def _consumer_group_key(self, group: str) -> str:
         return f"{self._group_prefix(group)}consumer"
 
@@ -1291,6 +1334,15 @@ class KVClusterStore:
         """Write a state if the key is still at `revision` (0: absent); False if not."""
         key = self._txn_key(state.transactional_id)
         return await self.kv.txn([mod_is(key, revision)], [Put(key, state.to_json())])
+
+    async def delete_transaction(self, transactional_id: str, revision: int) -> bool:
+        """Forget a transactional id if its key is still at `revision`; False if not."""
+        key = self._txn_key(transactional_id)
+        return await self.kv.txn([mod_is(key, revision)], [Delete(key)])
+
+    def transactional_id_of(self, key: str) -> str:
+        """The transactional id of a key `watch_transactions` reported."""
+        return unquote(key[len(self._k("transactions/")):])
 
     async def transactions(self) -> list[tuple[TxnState, int]]:
         return [(TxnState.from_json(k, v), rev)

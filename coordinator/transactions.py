@@ -61,6 +61,12 @@ class TxnState:
     # made the bump (KIP-360) is recognised instead of fenced.
     last_producer_epoch: int = -1
 
+    def forgettable(self, now_ms: int, expiration_ms: int) -> bool:
+        """No transaction open and no change for `expiration_ms` (Kafka's
+        transactional.id.expiration.ms). A state written before update_ms was kept (-1)
+        never is."""
+        return self.status.open_for_new and 0 <= self.update_ms <= now_ms - expiration_ms
+
     def with_(self, **changes) -> "TxnState":
         return replace(self, **changes)
 

@@ -123,7 +123,7 @@ class Gateway:
             node_id = self.config["broker.id"]
         if node_id < 0:
             node_id = (EMBEDDED_NODE_ID if self.options.coordinator in (None, "embedded")
-                       else await self._store.allocate_broker_id())
+                       else await self._allocated_broker_id())
         try:
             listeners = parse_listeners(self.config, (self.host, self.port))
             tls = ServerTls(self.config) if any(ln.tls for ln in listeners) else None
@@ -178,6 +178,19 @@ class Gateway:
         # be answered wrongly (UNKNOWN_TOPIC for a topic that exists).
         for server in self.servers:
             await server.start()
+
+    async def _allocated_broker_id(self) -> int:
+        """A gateway on etcd started without a broker id: the one the cluster gave this
+        data directory before, or a new one, remembered for the next start."""
+        cluster_id = await self._store.cluster_id()
+        try:
+            node_id = datadir.remembered_broker_id(self.data_dir, cluster_id)
+        except datadir.UnsupportedDataDir as e:
+            raise StartupError(str(e)) from None
+        if node_id is None:
+            node_id = await self._store.allocate_broker_id()
+            datadir.remember_broker_id(self.data_dir, cluster_id, node_id)
+        return node_id
 
     def readiness(self) -> tuple[bool, str]:
         if self.broker is None or not self.broker.started:

@@ -32,6 +32,7 @@ from .groups import GroupCoordinator
 from .groups.assignors import assignor_names
 from .groups.consumer_coordinator import ConsumerGroups
 from .groups.consumer_membership import ConsumerGroupConfig
+from .groups.expiry import OffsetExpiry
 from .quotas import ClientQuotas
 from .telemetry import ClientTelemetry
 from .reassignment import ReplicaAdmin
@@ -120,11 +121,16 @@ class Broker:
             store, new_producer_id=self.next_producer_id, now_ms=self.now_ms,
             max_timeout_ms=config["transaction.max.timeout.ms"],
             prepared=lambda state: self.markers.kick(state))
+        self.offset_expiry = OffsetExpiry(store, self.groups, coordinates=self.is_coordinator_for,
+                                          now_ms=self.now_ms,
+                                          retention_ms=config["offsets.retention.minutes"] * 60_000)
         self.markers = MarkerWriter(
             store, self.engine, self.transactions, coordinates=self.is_coordinator_for,
             partition_exists=lambda topic, p: 0 <= p < (self.partition_count(topic) or 0),
             now_ms=self.now_ms,
-            abort_check_ms=config["transaction.abort.timed.out.transaction.cleanup.interval.ms"])
+            abort_check_ms=config["transaction.abort.timed.out.transaction.cleanup.interval.ms"],
+            expiration_ms=config["transactional.id.expiration.ms"],
+            expiration_check_ms=config["transaction.remove.expired.transaction.cleanup.interval.ms"])
         self.snapshots = (SnapshotWriter(store, objects, now_ms=self.now_ms,
                                          interval_ms=config["coordinator.snapshot.interval.ms"],
                                          retain=config["coordinator.snapshot.retain"])
@@ -132,6 +138,8 @@ class Broker:
         self._tasks: list[asyncio.Task] = []
         self._producer_ids = (0, 0)  # next, end of the reserved block
         self._last_cleaning = 0.0
+        # The first look comes one interval after start, not in the middle of it.
+        self._last_offset_expiry = clock()
         self.group_lag: dict[tuple[str, str, int], int] = {}
         self.started = False
 
@@ -258,6 +266,12 @@ class Broker:
             self._last_cleaning = self.clock()
             await self.engine.clean()
             await self.refresh_group_lag()
+        if self.clock() - self._last_offset_expiry >= self.config["offsets.retention.check.interval.ms"] / 1000:
+            self._last_offset_expiry = self.clock()
+            try:
+                await self.offset_expiry.sweep_once()
+            except CoordinatorUnavailable as e:
+                log.warning("offset expiry not run, retrying next interval: %s", e)
         if self.snapshots is not None:
             try:
                 await self.snapshots.maybe_write(self.controller.is_controller)

@@ -205,8 +205,12 @@ BROKER_SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("remote.cache.bytes", -1, _int, "Disk cache for sealed-segment reads; 0 reads straight from the object store; -1: 1 GiB for s3://, none for file:// (already local disk).", -1),
     _s("remote.log.manager.copier.thread.pool.size", 4, _int32, "Sealed segments uploaded at once; each holds at most a multipart part or two in memory.", 1),
     _s("producer.id.expiration.ms", 86_400_000, _int, "Forget an idle idempotent producer after this long.", 1),
+    _s("offsets.retention.minutes", 10_080, _int32, "Delete a group with no members and no offset committed for this long, with its offsets (Kafka's rule, KIP-211).", 1),
+    _s("offsets.retention.check.interval.ms", 600_000, _int, "How often a coordinator looks for groups past offsets.retention.minutes.", 1),
     _s("transaction.max.timeout.ms", 900_000, _int32, "Largest transaction.timeout.ms a transactional producer may ask for.", 1),
     _s("transaction.abort.timed.out.transaction.cleanup.interval.ms", 10_000, _int32, "How often a coordinator looks for transactions open past their timeout, and aborts them.", 1),
+    _s("transactional.id.expiration.ms", 604_800_000, _int32, "Forget a transactional id (its state, producer id and epoch) when no transaction of it was open and nothing changed it for this long; its next InitProducerId starts afresh.", 1),
+    _s("transaction.remove.expired.transaction.cleanup.interval.ms", 3_600_000, _int32, "How often a coordinator looks for transactional ids past transactional.id.expiration.ms, and forgets them.", 1),
 ]}
 
 # topic config -> the broker setting that gives its default

@@ -11,6 +11,9 @@ version of that layout.
       cache/                 the remote read cache: emptied at start
       migrate-crc32c.journal `stratalog migrate`'s record of the objects it checked
                              (tiering.objectstore.copy.CrcJournal); the gateway ignores it
+      broker.id              the broker id the cluster gave a gateway started without one,
+                             and that cluster's id: `<id> <cluster id>` and a newline;
+                             only on etcd
 
 0.1.0 wrote no FORMAT_VERSION file: a directory without one is version 1. `check` runs
 before anything in the directory is opened and refuses a version outside
@@ -29,6 +32,7 @@ from stratalog.tiering.errors import unsupported_version
 FORMAT_VERSION = 1  # written; readers take OLDEST_READABLE_VERSION..FORMAT_VERSION
 OLDEST_READABLE_VERSION = 1
 MARKER = "FORMAT_VERSION"
+BROKER_ID = "broker.id"
 
 
 class UnsupportedDataDir(Exception):
@@ -55,11 +59,35 @@ def check(data_dir: Path) -> int:
 
 def mark(data_dir: Path) -> None:
     """Record FORMAT_VERSION in the directory (atomically; nothing if already there)."""
-    path = Path(data_dir) / MARKER
-    content = f"{FORMAT_VERSION}\n"
+    _write(Path(data_dir) / MARKER, f"{FORMAT_VERSION}\n")
+
+
+def remembered_broker_id(data_dir: Path, cluster_id: str) -> int | None:
+    """The broker id this directory's gateway was given by cluster `cluster_id`, so that a
+    restart keeps it (as Kafka keeps a generated broker.id in meta.properties); None if
+    it was given none, or by another cluster."""
+    try:
+        text = (Path(data_dir) / BROKER_ID).read_text(encoding="ascii")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UnsupportedDataDir(f"cannot read {Path(data_dir) / BROKER_ID}: {e}") from None
+    node_id, _, cluster = text.strip().partition(" ")
+    if not node_id.isdigit() or not cluster:
+        raise UnsupportedDataDir(f"{Path(data_dir) / BROKER_ID} does not hold `<broker id> <cluster id>`: "
+                                 f"{text[:60]!r}")
+    return int(node_id) if cluster == cluster_id else None
+
+
+def remember_broker_id(data_dir: Path, cluster_id: str, node_id: int) -> None:
+    _write(Path(data_dir) / BROKER_ID, f"{node_id} {cluster_id}\n")
+
+
+def _write(path: Path, content: str) -> None:
+    """Atomically, and durably: a crash leaves the old content or the new."""
     if path.exists() and path.read_text(encoding="ascii") == content:
         return
-    tmp = path.with_name(f".{MARKER}.tmp")
+    tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", encoding="ascii") as f:
         f.write(content)
         f.flush()

@@ -269,10 +269,13 @@ class CoordinatorMetadata:
     async def _snapshot(self, only: int | None = None) -> TopicSnapshot:
         from stratalog.engine.sealing import segment_record
 
-        if self._cluster is None:
+        fresh = self._cluster is None
+        if fresh:
             self._cluster = self._open()
         store = self._cluster
         try:
+            if fresh:  # a keyspace a newer Stratalog laid out is refused, never misread
+                await store.check_keyspace(mark=False)
             info = await store.topic(self.topic)
             if info is None:
                 raise TopicNotFound(f"no topic {self.topic!r} in the coordinator at {self.url} "

@@ -371,6 +371,17 @@ class ProducerLoad(threading.Thread):
             return len(self.acks)
 
 
+def stop_and_check_producers(producers: list[ProducerLoad], flush_timeout: float = 120) -> None:
+    """Drain every producer and check that each record it sent was acknowledged: nothing
+    outstanding, failed, refused at produce() or fatal."""
+    outstanding = [p.stop(flush_timeout) for p in producers]
+    assert not any(outstanding), f"delivery reports still outstanding: {outstanding}"
+    for p in producers:
+        assert not p.fatal, f"producer {p.producer_id} hit a fatal error: {p.fatal}"
+        assert not p.produce_errors, f"producer {p.producer_id}: {p.produce_errors[:3]}"
+        assert not p.failed, f"producer {p.producer_id}: {len(p.failed)} records failed, first {p.failed[:3]}"
+
+
 class GroupConsumer(threading.Thread):
     """A consumer-group member that commits (synchronously) after processing each poll
     batch; every record it processed and every commit that succeeded are kept."""

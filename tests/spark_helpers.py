@@ -61,6 +61,33 @@ def moto_s3():
         server.stop()
 
 
+@contextlib.contextmanager
+def gateway_on_store(kind: str, data: Path, settings: dict, bucket: str, prefix: str = "c"):
+    """A gateway with its data directory at `data` and its objects on a file:// store
+    under it (`kind` "file") or in `bucket`/`prefix` of a moto S3 server of its own ("s3");
+    yields (the gateway, the StoreSpec Spark reads it by, the S3 endpoint or None)."""
+    from conftest import GatewayProcess
+
+    if kind == "file":
+        gw = GatewayProcess(data, settings).start()
+        try:
+            yield gw, StoreSpec((data / "objects").as_uri()), None
+        finally:
+            gw.stop()
+        return
+    with moto_s3() as endpoint:
+        for key, value in S3_ENV.items():
+            os.environ.setdefault(key, value)
+        make_bucket(endpoint, bucket)
+        url = f"s3://{bucket}/{prefix}"
+        gw = GatewayProcess(data, settings, extra_args=[
+            "--object-store", url, "--s3-endpoint", endpoint, "--s3-path-style"]).start()
+        try:
+            yield gw, StoreSpec(url, endpoint=endpoint, path_style=True), endpoint
+        finally:
+            gw.stop()
+
+
 def make_bucket(endpoint: str, bucket: str) -> None:
     import boto3
 

@@ -538,3 +538,40 @@ def test_authorized_operations_are_the_principals_own(acl_gateway):
     assert sorted(op.name for op in ops) == ["DESCRIBE", "READ"]  # READ implies DESCRIBE
     everything = g.admin().describe_topics(TopicCollection([name]), include_authorized_operations=True)
     assert len(everything[name].result(15).authorized_operations) == 8  # the super user: all a topic has
+
+
+def test_log_dirs_need_describe_on_the_cluster(acl_gateway):
+    """DescribeLogDirs, as kafka-python's admin client sends it: DESCRIBE on the cluster."""
+    kafka_admin = pytest.importorskip("kafka.admin", reason="kafka-python is not installed")
+
+    g, name = acl_gateway, f"dirs-{uuid.uuid4().hex[:6]}"
+    create(g, name)
+    assert produce_error(g, "admin", name) is None
+    grant(g, CkAcl(CkResource.BROKER, "kafka-cluster", ResourcePatternType.LITERAL, "User:alice", "*",
+                   AclOperation.DESCRIBE, AclPermissionType.ALLOW))
+
+    def log_dirs(user: str):
+        admin = kafka_admin.KafkaAdminClient(
+            bootstrap_servers=f"127.0.0.1:{g.sasl_port}", security_protocol="SASL_PLAINTEXT",
+            sasl_mechanism="SCRAM-SHA-256", sasl_plain_username=user, sasl_plain_password=USERS[user],
+            request_timeout_ms=15000)
+        try:
+            return admin.describe_log_dirs({name: [0]})
+        finally:
+            admin.close()
+    [report] = log_dirs("alice")
+    [log_dir] = report["log_dirs"]
+    [topic] = log_dir["topics"]
+    assert (topic["name"], [p["partition_index"] for p in topic["partitions"]]) == (name, [0])
+    assert topic["partitions"][0]["partition_size"] > 0
+    assert log_dirs("bob") == [{"broker": 1, "log_dirs": []}]  # kafka-python drops the error
+    from raw_client import Raw
+    from stratalog.gateway.protocol.catalog import ApiKey
+    from stratalog.gateway.protocol.error_codes import ErrorCode
+
+    anonymous = Raw(g.gw.bootstrap)  # the PLAINTEXT listener: User:ANONYMOUS
+    try:
+        answer = anonymous.call(ApiKey.DESCRIBE_LOG_DIRS, 4, {"topics": None})
+    finally:
+        anonymous.close()
+    assert (answer.error_code, answer.results) == (ErrorCode.CLUSTER_AUTHORIZATION_FAILED, [])

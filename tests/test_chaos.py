@@ -12,7 +12,8 @@ import pytest
 from cluster_fixtures import (  # noqa: F401 - etcd and moto_s3 are fixtures
     GroupConsumer, ProducerLoad, bootstrap_of, check_group, check_log, coordinator_snapshot,
     create_topic, etcd, fault_proxy, group_committed, leaders, log_clients_to, moto_s3, orphaned_objects,
-    read_everything, restart_all, start_cluster, try_leaders, unique_topic, wait_for)
+    read_everything, restart_all, start_cluster, stop_and_check_producers, try_leaders, unique_topic,
+    wait_for)
 from s3_fault_proxy import FaultRule
 from stratalog.tiering.batch import scan_batches
 from stratalog.tiering.layout import parse_wal_key
@@ -59,17 +60,11 @@ def test_rolling_kill9_with_idempotent_producers_and_a_group(etcd, moto_s3, gate
         # Let the producers run on against the healed cluster, then drain them.
         time.sleep(5)
         kills.append(sum(p.ack_count() for p in producers))
-        outstanding = [p.stop() for p in producers]
     except BaseException:
         for t in clients:
             t.stop(0) if isinstance(t, ProducerLoad) else t.stop()
         raise
-    assert outstanding == [0, 0], f"delivery reports still outstanding: {outstanding}"
-    for p in producers:
-        assert not p.fatal, f"producer {p.producer_id} hit a fatal error: {p.fatal}"
-        assert not p.produce_errors, f"producer {p.producer_id}: {p.produce_errors[:3]}"
-        assert not p.failed, f"producer {p.producer_id}: {len(p.failed)} records failed, " \
-                             f"first {p.failed[:3]}"
+    stop_and_check_producers(producers)
     total = sum(p.ack_count() for p in producers)
     # The clients, never restarted, kept being acknowledged between every two kills.
     assert all(b > a for a, b in zip(kills, kills[1:])), f"acks stalled: {kills}"
@@ -132,13 +127,10 @@ def test_etcd_outage_stops_acks_all_until_it_is_back(etcd, moto_s3, gateway_fact
             assert producer.failed == [], producer.failed[:3]
             wait_for(lambda: len(acks_between([producer], up_at, float("inf"))) >= 200, timeout=60,
                      what=f"acknowledgements to resume after the etcd {outage}")
-        outstanding = producer.stop()
     except BaseException:
         producer.stop(0)
         raise
-    assert outstanding == 0
-    assert not producer.fatal and not producer.produce_errors and not producer.failed, \
-        (producer.fatal, producer.produce_errors, producer.failed[:3])
+    stop_and_check_producers([producer])
     for gw in gws:
         assert gw.proc.poll() is None, gw.log_tail()
     check_log(read_everything(bootstrap, topic, partitions), [producer])
@@ -181,13 +173,10 @@ def test_s3_faults_never_lose_acknowledged_data_or_leak_objects(etcd, moto_s3, f
         before = producer.ack_count()
         wait_for(lambda: producer.ack_count() >= before + 300, timeout=120,
                  what="acknowledgements to go on after the restart")
-        outstanding = producer.stop(180)
     except BaseException:
         producer.stop(0)
         raise
-    assert outstanding == 0
-    assert not producer.fatal and not producer.produce_errors and not producer.failed, \
-        (producer.fatal, producer.produce_errors, producer.failed[:3])
+    stop_and_check_producers([producer], 180)
     for action in ("500", "503", "drop", "lost_reply", "stall"):
         assert proxy.count("PUT", action) > 0, f"no PUT got {action}: {proxy.faults}"
     assert proxy.count("GET") > 0, proxy.faults
@@ -282,13 +271,10 @@ def test_paused_gateway_is_fenced_and_rejoins(etcd, moto_s3, fault_proxy, gatewa
         back_at = time.monotonic()
         wait_for(lambda: {a.partition for a in acks_between([producer], back_at, 1e18)} >= back,
                  timeout=60, what="gateway 2 to acknowledge records again")
-        outstanding = producer.stop()
     except BaseException:
         producer.stop(0)
         raise
-    assert outstanding == 0
-    assert not producer.fatal and not producer.produce_errors and not producer.failed, \
-        (producer.fatal, producer.produce_errors, producer.failed[:3])
+    stop_and_check_producers([producer])
     check_log(read_everything(bootstrap, topic, partitions), [producer])
 
     # Whatever gateway 2 committed after it was frozen carries only leader epochs it was

@@ -78,3 +78,66 @@ def test_a_topic_created_through_one_gateway_is_known_to_the_others_at_once(gate
     finally:
         first.close()
         other.close()
+
+
+def test_a_gateway_started_without_a_broker_id_keeps_the_one_it_was_given(gateway_factory, etcd, tmp_path):
+    """The cluster gives an id to a gateway started without --broker-id; its data directory
+    remembers it, so a restart comes back as the same broker (its partitions, replica
+    lists and WAL objects name that id), as Kafka's generated broker.id does."""
+    import re
+
+    def node(gw) -> int:
+        return int(re.search(r"node (\d+)\)", gw.banner).group(1))
+
+    store = ["--coordinator", etcd.url, "--object-store", (tmp_path / "objects").as_uri()]
+    first = gateway_factory(extra_args=store)
+    second = gateway_factory(extra_args=store)
+    ids = (node(first), node(second))
+    assert ids[0] != ids[1]
+    first.stop()
+    first.start()
+    second.kill9()
+    second.start()
+    assert (node(first), node(second)) == ids
+    # A data directory that served another cluster is given a new id by this one.
+    (second.data_dir / "broker.id").write_text(f"{ids[1]} another-cluster\n")
+    second.stop()
+    second.start()
+    assert node(second) not in ids
+
+
+def test_a_group_left_empty_starts_its_offset_expiry_clock(gateway_factory, etcd, tmp_path):
+    """The gateway runs offset expiry (tests/test_offset_expiry.py has its rules): a group
+    whose consumer closed gets its clock in the coordinator, and one with a member does not."""
+    from cluster_fixtures import coordinator_call
+
+    [gw] = start_cluster(gateway_factory, etcd, tmp_path, 1, **{"offsets.retention.check.interval.ms": 200})
+    topic = f"expiry-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": gw.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(15)
+    p = Producer({"bootstrap.servers": gw.bootstrap})
+    p.produce(topic, value=b"x")
+    assert p.flush(15) == 0
+
+    def member(group: str) -> Consumer:
+        c = Consumer({"bootstrap.servers": gw.bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                      "enable.auto.commit": False})
+        c.subscribe([topic])
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None and not m.error():
+                c.commit(m, asynchronous=False)
+                return c
+        raise AssertionError("no record")
+    gone, staying = f"gone-{topic}", f"staying-{topic}"
+    member(gone).close()
+    stays = member(staying)
+    try:
+        def clocks():
+            keys = coordinator_call(etcd.url, lambda s: s.group_keys())
+            return {g: k.empty_since_ms for g, k in keys.items() if g in (gone, staying)}
+        wait_for(lambda: clocks().get(gone) is not None, 20, "the closed group's expiry clock")
+        assert clocks()[staying] is None
+    finally:
+        stays.close()

@@ -11,12 +11,11 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-import zlib
 
 import pytest
 
 ck = pytest.importorskip("confluent_kafka", reason="confluent-kafka is not installed")
-from confluent_kafka import Consumer, ConsumerGroupState, ConsumerGroupType, Producer  # noqa: E402
+from confluent_kafka import Consumer, ConsumerGroupState, ConsumerGroupType  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 if tuple(int(x) for x in ck.libversion()[0].split(".")[:2]) < (2, 12):
@@ -24,6 +23,7 @@ if tuple(int(x) for x in ck.libversion()[0].split(".")[:2]) < (2, 12):
                 allow_module_level=True)
 
 from cluster_fixtures import etcd, start_cluster  # noqa: E402,F401 - etcd is a fixture
+from group_scenarios import CoordinatorMove, Records, assert_delivered_once, wait_for  # noqa: E402
 
 PARTITIONS = 6
 SETTINGS = {"group.consumer.heartbeat.interval.ms": 500, "group.consumer.session.timeout.ms": 6000}
@@ -43,14 +43,6 @@ def make_topic(bootstrap: str, name: str, partitions: int = PARTITIONS) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(name, partitions, 1)])[name].result(15)
 
-
-def wait_for(check, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Member(threading.Thread):
@@ -122,24 +114,13 @@ class Member(threading.Thread):
             self.error = e
 
 
-class Records:
-    def __init__(self, bootstrap: str):
-        self.producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5,
-                                  "enable.idempotence": True})
-        self.total = 0
-
-    def produce(self, topic: str, n: int, partitions: int = PARTITIONS) -> None:
-        for _ in range(n):
-            self.producer.produce(topic, value=f"{self.total:06d}".encode(), partition=self.total % partitions)
-            self.total += 1
-        assert self.producer.flush(20) == 0
 
 
 @pytest.mark.parametrize("assignor", ["uniform", "range"])
 def test_three_members_join_and_leave_without_loss_or_duplicates(gw, assignor):
     topic = f"cg-{assignor}-{uuid.uuid4().hex[:6]}"
     make_topic(gw.bootstrap, topic)
-    records = Records(gw.bootstrap)
+    records = Records(gw.bootstrap, PARTITIONS, flush_timeout=20)
     sink: list = []
     lock = threading.Lock()
     conf = consumer_conf(gw.bootstrap, f"g-{topic}", **{"group.remote.assignor": assignor})
@@ -159,12 +140,7 @@ def test_three_members_join_and_leave_without_loss_or_duplicates(gw, assignor):
     records.produce(topic, 300)
     wait_for(lambda: sorted(len(m.assignment) for m in members[1:]) == [3, 3], 30,
              "3 partitions each after one left")
-
-    def all_delivered():
-        with lock:
-            return len({v for _, _, v in sink}) >= records.total
-
-    wait_for(all_delivered, 40, "every record delivered")
+    wait_for(lambda: records.all_in(sink, lock), 40, "every record delivered")
     # Taken before anyone stops: the member that closes last is given the other's
     # partitions if it is still polling when that one leaves.
     settled = sorted(sorted(p for _, p in set(m.assignment)) for m in members[1:])
@@ -173,9 +149,7 @@ def test_three_members_join_and_leave_without_loss_or_duplicates(gw, assignor):
     for m in members[1:]:
         m.join(20)
     assert not any(m.error for m in members), [m.error for m in members]
-    values = [v for _, _, v in sink]
-    assert len(set(values)) == records.total, f"lost {records.total - len(set(values))} records"
-    assert len(values) == records.total, f"{len(values) - records.total} records delivered twice"
+    assert_delivered_once(sink, records.total)
     if assignor == "range":
         # Range hands out contiguous ranges.
         assert settled == [[0, 1, 2], [3, 4, 5]], settled
@@ -234,7 +208,7 @@ def test_regex_subscription_picks_up_a_new_topic(gw):
     first, second, other = f"{prefix}-a", f"{prefix}-b", f"x{prefix}-c"
     make_topic(gw.bootstrap, first, 2)
     make_topic(gw.bootstrap, other, 2)
-    records = Records(gw.bootstrap)
+    records = Records(gw.bootstrap, PARTITIONS, flush_timeout=20)
     records.produce(first, 10, 2)
     records.produce(other, 10, 2)
     sink: list = []
@@ -292,70 +266,32 @@ def test_static_member_restart_keeps_its_partitions(gw):
     assert not any(m.error for m in (a, b, again))
 
 
-def describe(bootstrap: str, group: str):
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    try:
-        return admin.describe_consumer_groups([group])[group].result(10)
-    except ck.KafkaException:
-        return None
-
-
-def snapshot(d) -> dict[str, frozenset[int]]:
-    return {m.member_id: frozenset(p.partition for p in m.assignment.topic_partitions) for m in d.members}
-
 
 def test_the_group_continues_when_its_coordinator_is_killed(gateway_factory, etcd, tmp_path):
     # A session long enough for a client to find the gateway back: librdkafka's reconnect
     # backoff to a gateway that was down grows to seconds.
     gws = start_cluster(gateway_factory, etcd, tmp_path, 3,
                         **{**SETTINGS, "group.consumer.session.timeout.ms": 30_000})
-    bootstrap = ",".join(g.bootstrap for g in gws)
-    # A group the third gateway coordinates while all are up; one of the other two when
-    # it is gone (the coordinator is a hash over the live gateways, in id order).
-    group = next(g for g in (f"move-{uuid.uuid4().hex[:8]}" for _ in range(100))
-                 if zlib.crc32(g.encode()) % 3 == 2)
-    survivor = (1, 2)[zlib.crc32(group.encode()) % 2]
+    move = CoordinatorMove(gws)
+    move.wait_until_agreed()
     topic = f"cg-move-{uuid.uuid4().hex[:6]}"
-    make_topic(bootstrap, topic)
-    records = Records(bootstrap)
+    make_topic(move.bootstrap, topic)
+    records = Records(move.bootstrap, PARTITIONS)
     sink: list = []
     lock = threading.Lock()
-    members = [Member(consumer_conf(bootstrap, group, **{"reconnect.backoff.max.ms": 1000}),
+    members = [Member(consumer_conf(move.bootstrap, move.group, **{"reconnect.backoff.max.ms": 1000}),
                       [topic], sink, lock) for _ in range(2)]
     for m in members:
         m.start()
     try:
         records.produce(topic, 300)
         wait_for(lambda: sorted(len(m.assignment) for m in members) == [3, 3], 30, "3 each")
-        before = None
-
-        def stable():
-            nonlocal before
-            before = describe(bootstrap, group)
-            return before is not None and before.state == ConsumerGroupState.STABLE
-        wait_for(stable, 20, "a Stable group")
-        assert before.coordinator.id == 3
+        before = move.wait_until_stable()
         events = [len(m.events) for m in members]
-
-        def continued(bootstrap_now: str, coordinator: int) -> bool:
-            d = describe(bootstrap_now, group)
-            return (d is not None and d.state == ConsumerGroupState.STABLE
-                    and snapshot(d) == snapshot(before) and d.coordinator.id == coordinator)
-        # The coordinator dies: another gateway loads the group from etcd and carries on
-        # with the same members, epochs and partitions.
-        gws[2].kill9()
-        records.produce(topic, 300)
-        survivors = ",".join(g.bootstrap for g in gws[:2])
-        wait_for(lambda: continued(survivors, survivor), 40, "a surviving gateway to continue the group")
-        # And back.
-        gws[2].start()
-        records.produce(topic, 300)
-        wait_for(lambda: continued(bootstrap, 3), 40, "the third gateway to continue it again")
-
-        def all_delivered():
-            with lock:
-                return len({v for _, _, v in sink}) >= records.total
-        wait_for(all_delivered, 60, "every record delivered")
+        # Another gateway loads the group from etcd and carries on with the same members,
+        # epochs and partitions; and back.
+        move.there_and_back(before, lambda: records.produce(topic, 300))
+        wait_for(lambda: records.all_in(sink, lock), 60, "every record delivered")
         assert [m.events[n:] for m, n in zip(members, events)] == [[], []], \
             "a member's partitions moved while the coordinator did"
     finally:
@@ -364,9 +300,7 @@ def test_the_group_continues_when_its_coordinator_is_killed(gateway_factory, etc
         for m in members:
             m.join(20)
     assert not any(m.error for m in members), [m.error for m in members]
-    values = [v for _, _, v in sink]
-    assert len(set(values)) == records.total, f"lost {records.total - len(set(values))} records"
-    assert len(values) == records.total, f"{len(values) - records.total} records delivered twice"
+    assert_delivered_once(sink, records.total)
 
 
 @pytest.mark.parametrize("strategy", ["cooperative-sticky", "range"])
@@ -374,7 +308,7 @@ def test_a_classic_group_is_upgraded_online_member_by_member(gw, strategy):
     topic = f"cg-upgrade-{uuid.uuid4().hex[:6]}"
     make_topic(gw.bootstrap, topic)
     group = f"g-{topic}"
-    records = Records(gw.bootstrap)
+    records = Records(gw.bootstrap, PARTITIONS, flush_timeout=20)
     sink: list = []
     lock = threading.Lock()
     classic_conf = {"bootstrap.servers": gw.bootstrap, "group.id": group, "group.protocol": "classic",
@@ -405,17 +339,11 @@ def test_a_classic_group_is_upgraded_online_member_by_member(gw, strategy):
         assert group in {g.group_id for g in listed.valid}
         d = admin.describe_consumer_groups([group])[group].result(15)
         assert d.type == ConsumerGroupType.CONSUMER and len(d.members) == 3
-
-        def all_delivered():
-            with lock:
-                return len({v for _, _, v in sink}) >= records.total
-        wait_for(all_delivered, 60, "every record delivered")
+        wait_for(lambda: records.all_in(sink, lock), 60, "every record delivered")
     finally:
         for m in members:
             m.stop_flag.set()
         for m in members:
             m.join(20)
     assert not any(m.error for m in all_members), [m.error for m in all_members]
-    values = [v for _, _, v in sink]
-    assert len(set(values)) == records.total, f"lost {records.total - len(set(values))} records"
-    assert len(values) == records.total, f"{len(values) - records.total} records delivered twice"
+    assert_delivered_once(sink, records.total)

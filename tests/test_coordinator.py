@@ -856,3 +856,25 @@ def test_client_quotas_are_stored_changed_removed_and_watched(backend):
         await watch.close()
         await s.close()
     run(scenario())
+
+
+def test_a_transaction_state_is_deleted_only_at_its_revision_and_the_watch_names_it(backend):
+    from stratalog.coordinator.transactions import TxnState
+
+    async def body():
+        store = backend.store()
+        watch = await store.watch_transactions()
+        tid = "orders/eu ingest%1"  # quoted inside the key
+        assert await store.put_transaction(TxnState(tid, 7, 0, 60_000), 0)
+        _, revision = await store.transaction(tid)
+        assert not await store.delete_transaction(tid, revision + 1)
+        assert await store.delete_transaction(tid, revision)
+        assert await store.transaction(tid) is None
+        seen = []
+        async for event in watch:
+            seen.append((event.kind, store.transactional_id_of(event.key)))
+            if len(seen) == 2:
+                break
+        await watch.close()
+        assert seen == [("put", tid), ("delete", tid)]
+    run(body())

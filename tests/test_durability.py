@@ -4,6 +4,7 @@ are the truth), and an idempotent producer retrying across a restart writes no d
 from __future__ import annotations
 
 import shutil
+import signal
 import threading
 import time
 import uuid
@@ -13,6 +14,8 @@ import pytest
 ck = pytest.importorskip("confluent_kafka", reason="confluent-kafka is not installed")
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
+from cluster_fixtures import etcd  # noqa: E402,F401 - a fixture
 
 PARTITIONS = 3
 
@@ -44,8 +47,9 @@ def _read_all(bootstrap, topic) -> dict[int, list[tuple[int, bytes]]]:
     return out
 
 
-def _stream_until_killed(gw, topic, conf) -> dict[int, list[tuple[int, bytes]]]:
-    """Produce numbered values until the gateway is killed mid-stream; returns what was acked."""
+def _stream_until_killed(gw, topic, conf, before_kill=lambda: None) -> dict[int, list[tuple[int, bytes]]]:
+    """Produce numbered values until the gateway is killed mid-stream (`before_kill` runs
+    just before); returns what was acked."""
     acked: dict[int, list] = {p: [] for p in range(PARTITIONS)}
     lock = threading.Lock()
     p = Producer({"bootstrap.servers": gw.bootstrap, "acks": "all", "linger.ms": 2,
@@ -76,6 +80,7 @@ def _stream_until_killed(gw, topic, conf) -> dict[int, list[tuple[int, bytes]]]:
     deadline = time.monotonic() + 20
     while sum(len(v) for v in acked.values()) < 2000 and time.monotonic() < deadline:
         time.sleep(0.05)
+    before_kill()
     gw.kill9()
     stop.set()
     t.join(30)
@@ -116,6 +121,51 @@ def test_kill9_keeps_every_acknowledged_record(gateway_factory, wipe_local, flus
     p.produce(topic, value=b"after", partition=0, on_delivery=lambda e, m: got.append(m.offset()))
     p.flush(15)
     assert got == [found[0][-1][0] + 1 if found[0] else 0]
+
+
+def test_a_gateway_killed_between_writing_a_flush_and_committing_it(gateway_factory, etcd, tmp_path):
+    """etcd is paused (SIGSTOP) under load, so the gateway's next flush reaches the object
+    store and waits on its commit; it is killed there. Every acknowledged record is back
+    once, in order, and the flush's object is either committed (etcd may still apply a
+    commit request the gateway had sent) or removed, never left behind."""
+    from cluster_fixtures import coordinator_snapshot, start_cluster, wait_for
+
+    [gw] = start_cluster(gateway_factory, etcd, tmp_path, 1)
+    wal_root = tmp_path / "objects"
+    topic = f"uncommitted-{uuid.uuid4().hex[:6]}"
+    _create(gw.bootstrap, topic)
+
+    def wal_objects() -> set[str]:
+        return {f.relative_to(wal_root).as_posix() for f in (wal_root / "wal").rglob("*") if f.is_file()}
+
+    caught: set[str] = set()
+
+    def pause_commits():
+        # An object written after etcd stopped is one the gateway has no commit answer
+        # for. If etcd stopped while it owed the gateway a reply, no flush follows: let it
+        # answer, and try again.
+        for _ in range(5):
+            before = wal_objects()
+            etcd.proc.send_signal(signal.SIGSTOP)
+            deadline = time.monotonic() + 3
+            while time.monotonic() < deadline:
+                caught.update(wal_objects() - before)
+                if caught:
+                    return
+                time.sleep(0.05)
+            etcd.proc.send_signal(signal.SIGCONT)
+            time.sleep(0.5)
+        raise AssertionError("no flush was written while etcd was paused")
+    try:
+        acked = _stream_until_killed(gw, topic, {"retries": 0}, before_kill=pause_commits)
+    finally:
+        etcd.proc.send_signal(signal.SIGCONT)
+    gw.start()
+    _check(acked, _read_all(gw.bootstrap, topic))
+
+    def left_behind() -> set[str]:
+        return (caught & wal_objects()) - {o.key for o in coordinator_snapshot(etcd.url)["wal"]}
+    wait_for(lambda: not left_behind(), 30, "the uncommitted WAL objects to be removed")
 
 
 def test_idempotent_producer_retrying_across_restart_writes_no_duplicate(gateway_factory):

@@ -273,6 +273,20 @@ def test_data_directory_versions(tmp_path):
         datadir.check(tmp_path)
 
 
+@pytest.mark.parametrize("command", [["segments", "ls"], ["users", "list"], ["coordinator", "backup", "-"],
+                                     ["compact", "--topic", "t"]], ids=lambda c: c[0])
+def test_commands_on_a_data_directory_refuse_a_newer_one_in_one_line(tmp_path, capsys, command):
+    from stratalog.infra.cli import main
+
+    d = tmp_path / "data"
+    (d / "objects").mkdir(parents=True)
+    (d / datadir.MARKER).write_text("2\n")
+    before = sorted(p.relative_to(d).as_posix() for p in d.rglob("*"))
+    assert main([*command, "--data-dir", str(d)]) == 1
+    assert capsys.readouterr().err.splitlines() == [f"stratalog: error: data directory {d} {NEWER}"]
+    assert sorted(p.relative_to(d).as_posix() for p in d.rglob("*")) == before
+
+
 # ---- what `serve` says ------------------------------------------------------------------
 
 def _newer_marker(d: Path) -> str:
@@ -294,6 +308,22 @@ def _newer_keyspace(d: Path) -> str:
     run(kv.put("/stratalog/default/keyspace_version", b"2"))
     run(kv.close())
     return f"coordinator keyspace /stratalog/default/ {NEWER}"
+
+
+def test_spark_refuses_a_newer_coordinator_keyspace(tmp_path):
+    """The Spark reader's coordinator mode (WAL reads up to the high watermark) checks the
+    keyspace's version before it reads a key of it."""
+    from stratalog.spark.metadata import CoordinatorMetadata
+
+    d = tmp_path / "data"
+    message = _newer_keyspace(d)
+    reader = CoordinatorMetadata(str(d), "orders")
+    try:
+        with pytest.raises(CoordinatorFormat) as e:
+            reader.snapshot()
+    finally:
+        reader.close()
+    assert str(e.value) == message
 
 
 @pytest.mark.parametrize("make", [_newer_marker, _newer_database, _newer_keyspace],

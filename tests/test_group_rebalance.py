@@ -8,16 +8,15 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-import zlib
 
 import pytest
 
 ck = pytest.importorskip("confluent_kafka", reason="confluent-kafka is not installed")
-from confluent_kafka import Consumer, Producer  # noqa: E402
-from confluent_kafka import ConsumerGroupState  # noqa: E402
+from confluent_kafka import Consumer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from cluster_fixtures import etcd, start_cluster  # noqa: E402,F401 - etcd is a fixture
+from group_scenarios import CoordinatorMove, Records, assert_delivered_once, snapshot, wait_for  # noqa: E402
 
 PARTITIONS = 6
 
@@ -103,52 +102,34 @@ def test_three_members_join_and_leave_without_loss_or_duplicates(gateway, strate
     topic = f"rebal-{strategy}-{uuid.uuid4().hex[:6]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(15)
-    # Idempotent: a retry after the kill must not write a record twice.
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5,
-                         "enable.idempotence": True})
-    total = 0
-
-    def produce(n):
-        nonlocal total
-        for _ in range(n):
-            producer.produce(topic, value=f"{total:06d}".encode(), partition=total % PARTITIONS)
-            total += 1
-        assert producer.flush(20) == 0
-
+    records = Records(bootstrap, PARTITIONS, flush_timeout=20)
     sink: list = []
     lock = threading.Lock()
     group = f"g-{topic}"
     members = [Member(bootstrap, topic, group, strategy, sink, lock) for _ in range(3)]
     members[0].start()
-    produce(300)
+    records.produce(topic, 300)
     time.sleep(2)
     members[1].start()
-    produce(300)
+    records.produce(topic, 300)
     time.sleep(2)
     members[2].start()
-    produce(300)
-    deadline = time.monotonic() + 40
-    while time.monotonic() < deadline:
-        if all(len(m.assignment) == 2 for m in members):
-            break
-        time.sleep(0.2)
-    assert sorted(len(m.assignment) for m in members) == [2, 2, 2], [m.assignment for m in members]
+    records.produce(topic, 300)
+    wait_for(lambda: all(len(m.assignment) == 2 for m in members), 40, "2 partitions each")
     members[0].stop_flag.set()
     members[0].join(20)
-    produce(300)
-    deadline = time.monotonic() + 40
-    while time.monotonic() < deadline:
-        with lock:
-            if len({v for _, _, v in sink}) >= total:
-                break
-        time.sleep(0.2)
+    records.produce(topic, 300)
+    try:
+        wait_for(lambda: records.all_in(sink, lock), 40, "every record delivered")
+    except AssertionError:
+        pass  # the check below says which are missing
     for m in members[1:]:
         m.stop_flag.set()
     for m in members[1:]:
         m.join(20)
     assert not any(m.error for m in members), [m.error for m in members]
     values = [v for _, _, v in sink]
-    missing = sorted({f"{i:06d}".encode() for i in range(total)} - set(values))
+    missing = sorted({f"{i:06d}".encode() for i in range(records.total)} - set(values))
     assert not missing, (
         f"lost {len(missing)} records: {missing[:10]} "
         f"(partitions {sorted({int(v) % PARTITIONS for v in missing})}); "
@@ -156,103 +137,39 @@ def test_three_members_join_and_leave_without_loss_or_duplicates(gateway, strate
         f"assignments {[m.assignment for m in members]}; "
         f"commit failures {[m.commit_failures[-3:] for m in members]}; events on those partitions: "
         f"{sorted((round(t, 2), i, p, what) for i, m in enumerate(members) for t, p, what in m.events if p in {int(v) % PARTITIONS for v in missing})}")
-    assert len(values) == total, f"{len(values) - total} records delivered twice"
+    assert len(values) == records.total, f"{len(values) - records.total} records delivered twice"
 
-
-def describe(bootstrap: str, group: str):
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    try:
-        return admin.describe_consumer_groups([group])[group].result(10)
-    except ck.KafkaException:
-        return None
-
-
-def snapshot(d) -> dict[str, frozenset[int]]:
-    return {m.member_id: frozenset(p.partition for p in m.assignment.topic_partitions) for m in d.members}
 
 
 @pytest.mark.parametrize("strategy", ["cooperative-sticky", "range"])
 def test_a_stable_group_continues_when_its_coordinator_is_killed(gateway_factory, etcd, tmp_path, strategy):
     gws = start_cluster(gateway_factory, etcd, tmp_path, 3)
-    bootstrap = ",".join(g.bootstrap for g in gws)
-    # A group the third gateway coordinates while all are up; one of the other two when
-    # it is gone (the coordinator is a hash over the live gateways, in id order).
-    group = next(g for g in (f"move-{uuid.uuid4().hex[:8]}" for _ in range(100))
-                 if zlib.crc32(g.encode()) % 3 == 2)
-    survivor = (1, 2)[zlib.crc32(group.encode()) % 2]
+    move = CoordinatorMove(gws)
     topic = f"move-{strategy}-{uuid.uuid4().hex[:6]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": move.bootstrap})
     admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(15)
-    # Idempotent: a retry after the kill must not write a record twice.
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5,
-                         "enable.idempotence": True})
-    total = 0
-
-    def produce(n):
-        nonlocal total
-        for _ in range(n):
-            producer.produce(topic, value=f"{total:06d}".encode(), partition=total % PARTITIONS)
-            total += 1
-        assert producer.flush(30) == 0
-
-    def wait_for(check, timeout, what):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if check():
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}")
-
-    # start_cluster waits until the gateways see each other; this waits until they agree
-    # on the group's coordinator too, so that the moves below are the only ones.
-    def settled():
-        found = [describe(g.bootstrap, group) for g in gws]
-        return all(d is not None and d.coordinator.id == 3 for d in found)
-    wait_for(settled, 30, "every gateway to name the third as the group's coordinator")
+    records = Records(move.bootstrap, PARTITIONS)
+    move.wait_until_agreed()
     sink: list = []
     lock = threading.Lock()
     # A session long enough for a client to find the other gateway: librdkafka's
     # reconnect backoff to a gateway that went away grows to seconds.
-    members = [Member(bootstrap, topic, group, strategy, sink, lock, **{
+    members = [Member(move.bootstrap, topic, move.group, strategy, sink, lock, **{
         "session.timeout.ms": 30_000, "max.poll.interval.ms": 60_000,
         "reconnect.backoff.max.ms": 1000}) for _ in range(2)]
     for m in members:
         m.start()
     try:
-        produce(300)
+        records.produce(topic, 300)
         wait_for(lambda: sorted(len(m.assignment) for m in members) == [3, 3], 40, "3 partitions each")
-        before = None
-
-        def stable():
-            nonlocal before
-            before = describe(bootstrap, group)
-            return before is not None and before.state == ConsumerGroupState.STABLE and \
-                sorted(len(ps) for ps in snapshot(before).values()) == [3, 3]
-        wait_for(stable, 20, "a Stable group")
-        assert before.coordinator.id == 3
-
-        def all_delivered():
-            with lock:
-                return len({v for _, _, v in sink}) >= total
+        before = move.wait_until_stable(lambda d: sorted(len(ps) for ps in snapshot(d).values()) == [3, 3])
         # Consuming, so every member has its partitions' committed offsets before the move.
-        wait_for(all_delivered, 40, "the first records delivered")
+        wait_for(lambda: records.all_in(sink, lock), 40, "the first records delivered")
         moves = [len([e for e in m.events if e[2] in ("assigned", "revoked")]) for m in members]
-
-        def continued(bootstrap_now: str, coordinator: int) -> bool:
-            d = describe(bootstrap_now, group)
-            return (d is not None and d.state == ConsumerGroupState.STABLE
-                    and snapshot(d) == snapshot(before) and d.coordinator.id == coordinator)
-        # The coordinator dies: another gateway loads the group from etcd and goes on with
-        # the same members, generation and assignments.
-        gws[2].kill9()
-        produce(300)
-        survivors = ",".join(g.bootstrap for g in gws[:2])
-        wait_for(lambda: continued(survivors, survivor), 40, "a surviving gateway to continue the group")
-        # And back.
-        gws[2].start()
-        produce(300)
-        wait_for(lambda: continued(bootstrap, 3), 40, "the third gateway to continue it again")
-        wait_for(all_delivered, 60, "every record delivered")
+        # Another gateway loads the group from etcd and goes on with the same members,
+        # generation and assignments; and back.
+        move.there_and_back(before, lambda: records.produce(topic, 300))
+        wait_for(lambda: records.all_in(sink, lock), 60, "every record delivered")
         after = [[e for e in m.events if e[2] in ("assigned", "revoked")] for m in members]
         assert [a[n:] for a, n in zip(after, moves)] == [[], []], \
             "a member's partitions moved while the coordinator did"
@@ -262,6 +179,4 @@ def test_a_stable_group_continues_when_its_coordinator_is_killed(gateway_factory
         for m in members:
             m.join(20)
     assert not any(m.error for m in members), [m.error for m in members]
-    values = [v for _, _, v in sink]
-    assert len(set(values)) == total, f"lost {total - len(set(values))} records"
-    assert len(values) == total, f"{len(values) - total} records delivered twice"
+    assert_delivered_once(sink, records.total)

@@ -8,6 +8,7 @@ offsets) as of the newest coordinator snapshot in the bucket.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -278,6 +279,22 @@ def _losing_the_coordinator_scenario(bootstrap: str, snapshot_times, *, big_segm
     return snapshot, acked
 
 
+def _watermarks(consumer, tp) -> tuple[int, int]:
+    """A partition's watermarks once it has a serving leader: while restarted gateways
+    share out the leaders, a partition moving answers NOT_LEADER, as Kafka's do."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    moving = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE}
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return consumer.get_watermark_offsets(tp, timeout=30)
+        except KafkaException as e:
+            if e.args[0].code() not in moving or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def _check_recovery_point(bootstrap: str, acked: dict, ends: dict[tuple[str, int], int]) -> None:
     """Each partition holds exactly the acknowledged records before its provable end (all
     of them for a partition `ends` does not name), at their offsets; group offsets are
@@ -293,7 +310,7 @@ def _check_recovery_point(bootstrap: str, acked: dict, ends: dict[tuple[str, int
             for p in sorted({p for p, *_ in records}):
                 mine = [(k, v) for pp, k, v, _ in records if pp == p]
                 end = ends.get((topic, p), len(mine))
-                assert consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30) == (0, end), (topic, p)
+                assert _watermarks(consumer, TopicPartition(topic, p)) == (0, end), (topic, p)
                 if end:
                     got = h._read_all(bootstrap, topic, [p], {p: end})[p]
                     assert [(o, k, v) for o, k, v, _ in got] == \

@@ -24,7 +24,8 @@ import pytest
 import release_tree
 from cluster_fixtures import (  # noqa: F401 - etcd and moto_s3 are fixtures
     QUIET, GroupConsumer, ProducerLoad, bootstrap_of, check_group, check_log, create_topic, etcd,
-    group_committed, log_clients_to, moto_s3, read_everything, start_cluster, try_leaders, unique_topic,
+    group_committed, log_clients_to, moto_s3, read_everything, start_cluster, stop_and_check_producers,
+    try_leaders, unique_topic,
     wait_for)
 from conftest import ROOT
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -163,16 +164,11 @@ def test_rolling_upgrade_from_the_previous_release_under_load(etcd, moto_s3, gat
         wait_for(lambda: all_lead(bootstrap, topic), timeout=60, what="every gateway to lead again")
         time.sleep(4)
         acks_at.append(sum(p.ack_count() for p in producers))
-        outstanding = [p.stop() for p in producers]
     except BaseException:
         for t in clients:
             t.stop(0) if isinstance(t, ProducerLoad) else t.stop()
         raise
-    assert outstanding == [0, 0], f"delivery reports still outstanding: {outstanding}"
-    for p in producers:
-        assert not p.fatal, f"producer {p.producer_id} hit a fatal error: {p.fatal}"
-        assert not p.produce_errors, f"producer {p.producer_id}: {p.produce_errors[:3]}"
-        assert not p.failed, f"producer {p.producer_id}: {len(p.failed)} records failed, first {p.failed[:3]}"
+    stop_and_check_producers(producers)
     # The producers were acknowledged throughout: between every two upgrades.
     assert all(b > a for a, b in zip(acks_at, acks_at[1:])), f"acks stalled: {acks_at}"
 

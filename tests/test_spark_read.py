@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import random
 import shutil
 import time
@@ -21,7 +20,7 @@ from hypothesis import strategies as st
 from conftest import GatewayProcess
 from stratalog.spark.objects import StoreSpec
 from stratalog.tiering.index import OffsetIndex, TimeIndex
-from spark_helpers import (Consumed, consume_all, create_topic, make_bucket, moto_s3, produce,
+from spark_helpers import (Consumed, consume_all, create_topic, gateway_on_store, produce,
                            reads_traced, rows_of, spark_session, wait_sealed)
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
@@ -80,29 +79,15 @@ class Cluster:
 @pytest.fixture(scope="module")
 def file_cluster(tmp_path_factory):
     data = tmp_path_factory.mktemp("file-gw") / "data"
-    gw = GatewayProcess(data, SETTINGS).start()
-    try:
-        spec = StoreSpec((data / "objects").as_uri())
+    with gateway_on_store("file", data, SETTINGS, "logs") as (gw, spec, _):
         yield Cluster(gw, spec, _fill(gw, spec))
-    finally:
-        gw.stop()
 
 
 @pytest.fixture(scope="module")
 def s3_cluster(tmp_path_factory):
-    with moto_s3() as endpoint:
-        for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                     "AWS_REGION": "us-east-1"}.items():
-            os.environ.setdefault(k, v)
-        make_bucket(endpoint, "logs")
-        data = tmp_path_factory.mktemp("s3-gw") / "data"
-        gw = GatewayProcess(data, SETTINGS, extra_args=[
-            "--object-store", "s3://logs/cluster-a", "--s3-endpoint", endpoint, "--s3-path-style"]).start()
-        try:
-            spec = StoreSpec("s3://logs/cluster-a", endpoint=endpoint, path_style=True)
-            yield Cluster(gw, spec, _fill(gw, spec))
-        finally:
-            gw.stop()
+    data = tmp_path_factory.mktemp("s3-gw") / "data"
+    with gateway_on_store("s3", data, SETTINGS, "logs", "cluster-a") as (gw, spec, _):
+        yield Cluster(gw, spec, _fill(gw, spec))
 
 
 TOPICS = [f"codec-{c}" for c in CODECS] + ["append-time"]

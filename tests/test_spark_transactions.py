@@ -5,14 +5,12 @@ the last stable offset), on file:// and on S3; read_uncommitted returns every re
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 
 import pytest
 
-from conftest import GatewayProcess
-from spark_helpers import Consumed, create_topic, make_bucket, moto_s3, rows_of, spark_session
+from spark_helpers import Consumed, create_topic, gateway_on_store, rows_of, spark_session
 from stratalog.spark.metadata import ManifestMetadata, TopicNotFound
 from stratalog.spark.objects import StoreSpec
 from stratalog.spark.options import OptionError, parse_options
@@ -32,24 +30,8 @@ def spark():
 @pytest.fixture(scope="module", params=["file", "s3"])
 def store(request, tmp_path_factory):
     data = tmp_path_factory.mktemp(f"txn-{request.param}") / "data"
-    if request.param == "file":
-        gw = GatewayProcess(data, SETTINGS).start()
-        try:
-            yield gw, StoreSpec((data / "objects").as_uri())
-        finally:
-            gw.stop()
-        return
-    with moto_s3() as endpoint:
-        for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                     "AWS_REGION": "us-east-1"}.items():
-            os.environ.setdefault(k, v)
-        make_bucket(endpoint, "txn")
-        gw = GatewayProcess(data, SETTINGS, extra_args=[
-            "--object-store", "s3://txn/c", "--s3-endpoint", endpoint, "--s3-path-style"]).start()
-        try:
-            yield gw, StoreSpec("s3://txn/c", endpoint=endpoint, path_style=True)
-        finally:
-            gw.stop()
+    with gateway_on_store(request.param, data, SETTINGS, "txn") as (gw, spec, _):
+        yield gw, spec
 
 
 def _read(spark, spec: StoreSpec, topic: str, isolation: str):

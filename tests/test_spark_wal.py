@@ -7,7 +7,6 @@ so every topic has records sealed and records only in WAL objects."""
 
 from __future__ import annotations
 
-import os
 import shutil
 from dataclasses import replace
 import time
@@ -16,7 +15,7 @@ import uuid
 import pytest
 
 from conftest import GatewayProcess
-from spark_helpers import (TRACE_FILE, Consumed, consume_all, create_topic, high_watermarks, make_bucket, moto_s3,
+from spark_helpers import (TRACE_FILE, Consumed, consume_all, create_topic, high_watermarks, gateway_on_store,
                            produce, reads_traced, rows_of, spark_session)
 from stratalog.spark.datasource import StratalogReader
 from stratalog.spark.metadata import CoordinatorMetadata, ManifestMetadata, TopicNotFound
@@ -59,26 +58,10 @@ class Cluster:
 @pytest.fixture(scope="module", params=["file", "s3"])
 def cluster(request, tmp_path_factory):
     data = tmp_path_factory.mktemp(f"wal-{request.param}") / "data"
-    if request.param == "file":
-        gw = GatewayProcess(data, SETTINGS).start()
-        try:
-            # No coordinator option: the embedded one beside <data>/objects is found.
-            yield Cluster(gw, StoreSpec((data / "objects").as_uri()), data, {})
-        finally:
-            gw.stop()
-        return
-    with moto_s3() as endpoint:
-        for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                     "AWS_REGION": "us-east-1"}.items():
-            os.environ.setdefault(k, v)
-        make_bucket(endpoint, "wal")
-        gw = GatewayProcess(data, SETTINGS, extra_args=[
-            "--object-store", "s3://wal/c", "--s3-endpoint", endpoint, "--s3-path-style"]).start()
-        try:
-            yield Cluster(gw, StoreSpec("s3://wal/c", endpoint=endpoint, path_style=True), data,
-                          {"endpoint": endpoint, "pathStyle": "true", "coordinator": str(data)})
-        finally:
-            gw.stop()
+    with gateway_on_store(request.param, data, SETTINGS, "wal") as (gw, spec, endpoint):
+        # file://: no coordinator option, the embedded one beside <data>/objects is found.
+        yield Cluster(gw, spec, data, {} if endpoint is None else
+                      {"endpoint": endpoint, "pathStyle": "true", "coordinator": str(data)})
 
 
 def _records(count: int, start: int = 0, size: int = 60):

@@ -387,6 +387,55 @@ def test_transactions_and_producers_are_described(gateway):
     assert unknown.error_code == E.TRANSACTIONAL_ID_NOT_FOUND
 
 
+def test_an_idle_transactional_id_is_forgotten_and_its_producer_goes_on(gateway_factory):
+    """transactional.id.expiration.ms: an id whose last transaction ended that long ago is
+    forgotten (DescribeTransactions no longer knows it); one with a transaction open is
+    kept. The forgotten id's producer, coming back, gets a fresh producer id and its
+    next transaction commits."""
+    gw = gateway_factory(settings={"transactional.id.expiration.ms": 1500,
+                                   "transaction.remove.expired.transaction.cleanup.interval.ms": 200})
+    topic = _topic("expire")
+    _create(gw.bootstrap, topic)
+    idle_tid, open_tid = _topic("idle"), _topic("open")
+    idle = _producer(gw.bootstrap, idle_tid)
+    idle.begin_transaction()
+    idle.produce(topic, value=b"first", partition=0)
+    idle.commit_transaction(30)
+    busy = _producer(gw.bootstrap, open_tid, **{"transaction.timeout.ms": 60_000})
+    busy.begin_transaction()
+    busy.produce(topic, value=b"open", partition=1)
+    busy.flush(30)
+    raw = Raw(gw)
+
+    def described(tid: str):
+        [state] = raw.call(ApiKey.DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": [tid]}).transaction_states
+        return state
+    first_pid = described(idle_tid).producer_id
+    deadline = time.monotonic() + 30
+    while described(idle_tid).error_code != E.TRANSACTIONAL_ID_NOT_FOUND and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert described(idle_tid).error_code == E.TRANSACTIONAL_ID_NOT_FOUND
+    kept = described(open_tid)
+    assert (kept.error_code, kept.transaction_state) == (E.NONE, "Ongoing")
+
+    # The forgotten id's producer starts a new transaction as if nothing happened.
+    idle.begin_transaction()
+    idle.produce(topic, value=b"second", partition=0)
+    try:
+        idle.commit_transaction(30)
+    except KafkaException as e:
+        # librdkafka recovers from the unknown producer id by aborting and re-initialising
+        # (KIP-360); the transaction is then retried, as an application does.
+        assert e.args[0].txn_requires_abort(), e
+        idle.abort_transaction(30)
+        idle.begin_transaction()
+        idle.produce(topic, value=b"second", partition=0)
+        idle.commit_transaction(30)
+    assert described(idle_tid).producer_id != first_pid
+    busy.commit_transaction(30)
+    assert read_values(gw.bootstrap, topic, 2, "read_committed") == {0: [b"first", b"second"], 1: [b"open"]}
+
+
 # ---- a cluster losing the gateway that decided --------------------------------------------
 
 def _coordinator_of(gw, tid: str) -> int:

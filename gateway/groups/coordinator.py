@@ -25,14 +25,16 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Mapping, TypeVar
 
 from stratalog.coordinator.model import CommittedOffset
+from stratalog.coordinator.store import GroupKeys
 from stratalog.gateway.protocol.error_codes import ErrorCode
 
 from . import classic_state
 from .consumer_coordinator import ConsumerGroups
+from .consumer_group import STATE_VERSION as CONSUMER_STATE_VERSION
 from .consumer_group import UnreadableGroupState
 from .group import CONSUMER_PROTOCOL_TYPE, Group, GroupState
 from .membership import GroupConfig, JoinResult, Membership, SyncResult
-from .stored import StoredGroups
+from .stored import StoredGroups, parse_state
 
 log = logging.getLogger(__name__)
 
@@ -590,6 +592,35 @@ class GroupCoordinator(Membership):
             return E.COORDINATOR_NOT_AVAILABLE
         log.info("group %s deleted", group_id)
         return E.NONE
+
+    # --- offset expiry (expiry.py) --------------------------------------------------------
+
+    def has_members(self, group_id: str, keys: GroupKeys) -> bool:
+        """Whether the group has members, here in memory or in its stored state (`keys`,
+        read by the caller); a state this gateway cannot read counts as having some."""
+        classic = self._groups.get(group_id)
+        consumer = self.consumer.group(group_id)
+        if classic is not None or consumer is not None:  # newer than the stored copy
+            return bool((classic is not None and classic.members) or (consumer is not None and consumer.members))
+        if keys.classic:
+            return True  # kept only while the group has members
+        if keys.consumer is None:
+            return False
+        try:
+            return bool(parse_state("consumer", group_id, keys.consumer, CONSUMER_STATE_VERSION)["members"])
+        except (UnreadableGroupState, KeyError, TypeError):
+            return True
+
+    async def expire_group(self, group_id: str) -> bool:
+        """Delete a group offset expiry found idle, as DeleteGroups would; True if deleted."""
+        error = await self.delete_group(group_id)
+        if error is E.GROUP_ID_NOT_FOUND:  # no offsets: only its expiry clock was left
+            try:
+                await self._store("delete_offsets", self.store.delete_offsets(group_id, None))
+            except StoreUnavailable:
+                return False
+            return True
+        return error is E.NONE
 
 
 def describe(group: Group) -> GroupDescription:

@@ -94,10 +94,16 @@ class ClientQuotas:
         now = self.clock()
         sensor.record(value, now)
         self._maybe_sweep(now)
-        # A throttle lasts at most the whole quota window (Kafka bounds only the request
-        # quota's so): a client still over its quota then is throttled again on its next
-        # request, and no single request mutes a connection for hours.
-        return self._throttle_ms(key, min(sensor.throttle_s(quota, now), self.samples * self.window_s))
+        return self._throttle_ms(key, min(sensor.throttle_s(quota, now), self._most_s(key)))
+
+    def _most_s(self, key: str) -> float:
+        """The longest throttle a request may earn: one window for the request quota, as
+        Kafka bounds it (a client still over then is throttled again on its next request);
+        the whole span for a byte rate, by when every kept window has expired (Kafka sets
+        no bound there; one request far over its quota mutes a connection no longer)."""
+        if key == rules.REQUEST_PERCENTAGE:
+            return self.window_s
+        return self.samples * self.window_s
 
     def unrecord(self, key: str, principal: str, client_id: str | None, value: float) -> None:
         """Take back usage recorded for a response that was not sent after all (a throttled
@@ -110,8 +116,9 @@ class ClientQuotas:
         """Most bytes a Fetch may return now without taking the client over its
         consumer_byte_rate (at least 1: the fetch still returns one batch, and is answered
         empty and throttled if that batch is too much); None when no quota applies. Kafka
-        bounds a fetch by the quota's whole window; what is left of it answers the same
-        question without handing out bytes that are then taken back."""
+        bounds a fetch by quota.window.num - 1 windows of the quota (bursts); what
+        is left of the quota over the span keeps it even, and hands out no bytes that
+        are then taken back."""
         found = self._rate(CONSUMER, principal, client_id)
         if found is None:
             return None

@@ -2,11 +2,21 @@
 
 `WindowedRate` is Kafka's sampled rate: usage is added to the newest of at most `samples`
 windows of `window_s` seconds (quota.window.num, quota.window.size.seconds), windows older
-than all of them are forgotten, and the rate is their total over the time they span,
-counted as at least `samples - 1` whole windows (so one burst on an idle client is spread
-over the full span, not divided by a few milliseconds). When the rate is over the quota Q,
-the client must stay quiet until it is back at Q: with total T over span W that is
-T / Q - W = W * (rate - Q) / Q, the throttle time.
+than all of them are forgotten, and the rate is their total over the time from the start
+of the oldest kept one to now, counted as at least one window (so one request is not
+divided by a few milliseconds). Kafka counts that time as at least `samples - 1` windows
+instead, as if an idle client had been sending nothing for that long: such a client may
+then send 10 s of its quota at once and get it again each time that burst's window
+expires, so its rate measured over tens of seconds is well off its quota. Counting from
+its first byte, a client is ahead of its quota by at most one window.
+
+The throttle time is how long until the rate is back at the quota Q if nothing more is
+recorded: with total T kept since the oldest window's start s, the time s + T / Q, or
+another time when windows expire before then: each takes its usage along, and moves the
+span's start to the next window. Kafka's formula, W * (rate - Q) / Q over span W, leaves
+the expiries out: it says too long when the oldest window, about to go, holds much (a
+throttled client is held below its quota) and too short when it holds little and a gap
+follows it (the client is throttled again as soon as it is back).
 
 `TokenBucket` is KIP-599's measure for controller mutations: it holds up to
 Q * samples * window_s tokens (the burst), refills at Q per second and each mutation (a
@@ -43,14 +53,11 @@ class WindowedRate:
         self._windows[-1][1] += value
 
     def span(self, now: float) -> float:
-        """Seconds the rate is measured over (never less than samples - 1 windows)."""
+        """Seconds the rate is measured over: from the oldest kept window's start, at least
+        one window."""
         self._purge(now)
         elapsed = now - self._windows[0][0] if self._windows else 0.0
-        least = (self.samples - 1) * self.window_s
-        whole = int(elapsed // self.window_s)
-        if whole < self.samples - 1:
-            elapsed += (self.samples - 1 - whole) * self.window_s
-        return max(elapsed, least, 1e-9)
+        return max(elapsed, self.window_s)
 
     def total(self, now: float) -> float:
         """Usage within the kept windows."""
@@ -63,11 +70,23 @@ class WindowedRate:
         return self.total(now) / span
 
     def throttle_s(self, quota: float, now: float) -> float:
-        """How long until the rate is back at `quota`, 0 when it is not over it."""
-        rate = self.rate(now)
-        if rate <= quota:
-            return 0.0
-        return (rate - quota) / quota * self.span(now)
+        """How long until the rate is back at `quota` with nothing more recorded, 0 when it
+        is not over it. Between two expiries the kept total T is fixed and the span grows
+        with the clock, so the rate is back at Q once the span reaches T / Q; each window
+        that expires first lowers T and moves the span's start to the next one."""
+        self._purge(now)
+        horizon = self.samples * self.window_s
+        total = sum(w[1] for w in self._windows)
+        earliest = now
+        for start, value in self._windows:
+            if total <= quota * self.window_s:
+                return earliest - now  # within the quota even over the shortest span
+            back = max(earliest, start + total / quota)
+            if back <= start + horizon:
+                return back - now
+            # This window expires first: from then on the rest is measured without it.
+            earliest, total = start + horizon, total - value
+        return earliest - now
 
     def idle(self, now: float) -> bool:
         """Nothing recorded within the kept windows: its rate is 0, forgetting it is exact."""

@@ -97,8 +97,9 @@ class TransactionCoordinator:
             nonlocal ongoing_aborted
             ongoing_aborted = False
             if state is None:
-                if expected is not None:
-                    raise TxnError(E.INVALID_PRODUCER_ID_MAPPING, f"{transactional_id} has no producer id yet")
+                # Also when the producer names the id and epoch it had: its transactional
+                # id was forgotten (transactional.id.expiration.ms), and as Kafka's
+                # coordinator does, a fresh producer id lets it go on.
                 return TxnState(transactional_id, fresh_id, 0, timeout_ms)
             if expected is not None and not _is_current(state, expected):
                 raise TxnError(E.PRODUCER_FENCED, f"{transactional_id}: producer {expected.producer_id} "
@@ -230,6 +231,21 @@ class TransactionCoordinator:
         if aborted:
             log.info("transaction %s was open longer than its timeout: aborting it", transactional_id)
         return aborted
+
+
+    async def forget_if_idle(self, transactional_id: str, expiration_ms: int) -> bool:
+        """Forget a transactional id that has no transaction open and was not changed for
+        `expiration_ms` (transactional.id.expiration.ms); True if this call forgot it. A
+        producer of it that comes back is answered INVALID_PRODUCER_ID_MAPPING, as
+        Kafka's coordinator answers it, until it calls InitProducerId again."""
+        got = await self.store.transaction(transactional_id)
+        if got is None:
+            return False
+        state, revision = got
+        if not state.forgettable(self.now_ms(), expiration_ms):
+            return False
+        # A change since the read means it is in use again: the swap fails and it stays.
+        return await self.store.delete_transaction(transactional_id, revision)
 
 
 def _is_current(state: TxnState, expected: ProducerIdAndEpoch) -> bool:

@@ -12,8 +12,8 @@ finished by the leaders of its partitions; a partition whose leader died gets it
 from the next leader, which sees the transaction still pending (a sweep every
 SWEEP_INTERVAL_S looks again at every undecided state).
 
-The sweep also aborts transactions open past their timeout, on the gateway coordinating
-their transactional id.
+The sweep also aborts transactions open past their timeout, and forgets transactional ids
+idle past transactional.id.expiration.ms, on the gateway coordinating the id.
 """
 
 from __future__ import annotations
@@ -44,12 +44,15 @@ class MarkerWriter:
     partition_exists : whether (topic, partition) still exists (a deleted one needs no marker).
     now_ms : the wall clock in milliseconds.
     abort_check_ms : transaction.abort.timed.out.transaction.cleanup.interval.ms.
+    expiration_ms : transactional.id.expiration.ms.
+    expiration_check_ms : transaction.remove.expired.transaction.cleanup.interval.ms.
     """
 
     def __init__(self, store, engine, coordinator: TransactionCoordinator, *,
                  coordinates: Callable[[str], bool],
                  partition_exists: Callable[[str, int], bool],
-                 now_ms: Callable[[], int], abort_check_ms: int):
+                 now_ms: Callable[[], int], abort_check_ms: int,
+                 expiration_ms: int = 604_800_000, expiration_check_ms: int = 3_600_000):
         self.store = store
         self.engine = engine
         self.coordinator = coordinator
@@ -57,12 +60,15 @@ class MarkerWriter:
         self.partition_exists = partition_exists
         self.now_ms = now_ms
         self.abort_check_ms = abort_check_ms
+        self.expiration_ms = expiration_ms
+        self.expiration_check_ms = expiration_check_ms
         self.states: dict[str, TxnState] = {}
         self._busy: set[tuple[str, int, int, str]] = set()
         self._tasks: set[asyncio.Task] = set()
         self._loops: list[asyncio.Task] = []
         self._loaded = asyncio.Event()
         self._last_abort_check = 0
+        self._last_expiration_check = 0
 
     async def start(self) -> None:
         self._loops = [asyncio.create_task(self._follow(), name="txn-watch"),
@@ -86,7 +92,8 @@ class MarkerWriter:
                 for state in self.states.values():
                     self.kick(state)
                 async for event in watch:
-                    if event.kind != "put":
+                    if event.kind == "delete":
+                        self.states.pop(self.store.transactional_id_of(event.key), None)
                         continue
                     try:
                         state = TxnState.from_json(event.key, event.value)
@@ -116,7 +123,8 @@ class MarkerWriter:
                 log.exception("transaction sweep failed")
 
     async def sweep_once(self) -> None:
-        """Markers still pending anywhere we lead, and (every abort_check_ms) timeouts."""
+        """Markers still pending anywhere we lead, (every abort_check_ms) timeouts, and
+        (every expiration_check_ms) idle transactional ids."""
         for state in list(self.states.values()):
             self.kick(state)
         now = self.now_ms()
@@ -129,6 +137,13 @@ class MarkerWriter:
                         await self.coordinator.abort_if_expired(state.transactional_id)
                     except TxnError as e:
                         log.warning("could not abort %s: %s", state.transactional_id, e)
+        if now - self._last_expiration_check >= self.expiration_check_ms:
+            self._last_expiration_check = now
+            for state in list(self.states.values()):
+                tid = state.transactional_id
+                if state.forgettable(now, self.expiration_ms) and self.coordinates(tid) \
+                        and await self.coordinator.forget_if_idle(tid, self.expiration_ms):
+                    log.info("forgot transactional id %s: idle for %d ms", tid, now - state.update_ms)
 
     # ---- writing markers ---------------------------------------------------------------
 

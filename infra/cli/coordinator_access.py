@@ -24,6 +24,19 @@ def add_coordinator_options(p: argparse.ArgumentParser) -> None:
                    help="an etcd.* setting (repeatable)")
 
 
+def readable_data_dir(data_dir: Path) -> Path:
+    """`data_dir`, once its layout is one this Stratalog reads (gateway.datadir): a
+    directory a newer release laid out is refused in one line, before anything in it is
+    opened."""
+    from stratalog.gateway import datadir
+
+    try:
+        datadir.check(data_dir)
+    except datadir.UnsupportedDataDir as e:
+        raise CliError(str(e)) from None
+    return data_dir
+
+
 def open_coordinator_store(args, create: bool = True, read_only: bool = False):
     """The `KVClusterStore` the options name. With `create`, a missing data directory is
     made (users may be added before the first start; a restore goes into a new one);
@@ -43,6 +56,7 @@ def open_coordinator_store(args, create: bool = True, read_only: bool = False):
         raise UsageError(str(e)) from None
 
     if args.coordinator is None:
+        readable_data_dir(args.data_dir)
         if create:
             args.data_dir.mkdir(parents=True, exist_ok=True)
         elif not (args.data_dir / DB_FILE).is_file():

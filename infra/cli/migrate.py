@@ -36,6 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from stratalog.infra.cli.coordinator_access import DEFAULT_DATA_DIR, readable_data_dir
 from stratalog.infra.cli.common import CliError, UsageError, add_s3_options, key_value, positive_int, s3_store_options
 
 MARKER_OBJECT = "migration.json"
@@ -43,7 +44,6 @@ MARKER_OBJECT = "migration.json"
 # one after --objects-only) reads from local disk only what it has not checked before.
 JOURNAL_FILE = "migrate-crc32c.journal"
 MAX_PARALLEL = 64  # objects in flight: each holds a connection and a scratch file
-DEFAULT_DATA_DIR = "stratalog-data"
 
 
 def add_parser(subparsers) -> None:
@@ -80,7 +80,6 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from stratalog.coordinator.embedded import DB_FILE
     from stratalog.coordinator.kv import CoordinatorError, CoordinatorUnavailable
-    from stratalog.gateway import datadir
     from stratalog.tiering.objectstore import ObjectStoreError
 
     if args.parallel > MAX_PARALLEL:
@@ -91,10 +90,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--coordinator must name an etcd cluster (etcd://HOST:PORT), got {args.coordinator!r}")
     if not (args.data_dir / DB_FILE).is_file():
         raise CliError(f"no embedded installation in {args.data_dir} (no {DB_FILE}): give its --data-dir")
-    try:
-        datadir.check(args.data_dir)  # laid out by a newer Stratalog: not read, not moved
-    except datadir.UnsupportedDataDir as e:
-        raise CliError(str(e)) from None
+    readable_data_dir(args.data_dir)  # laid out by a newer Stratalog: not read, not moved
     source_url = _source_url(args)
     if source_url.rstrip("/") == args.object_store.rstrip("/"):
         raise UsageError(f"--object-store is the installation's own store ({source_url}): name the bucket "

@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from stratalog.infra.cli.coordinator_access import DEFAULT_DATA_DIR, readable_data_dir
 from stratalog.infra.cli.common import CliError, add_s3_options, non_negative_int, print_table, s3_store_options, stderr_is_terminal
 
-DEFAULT_DATA_DIR = "stratalog-data"
 
 WAL, SEGMENT, MANIFEST, OTHER = "wal", "segment", "manifest", "other"
 
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:  # every action binds its own run_*
 def store_url(args: argparse.Namespace) -> str:
     """The store's URL, with relative file paths made absolute; a missing file store is an error."""
     if args.object_store is None:
-        directory = (args.data_dir if args.data_dir is not None else Path(DEFAULT_DATA_DIR)) / "objects"
+        directory = readable_data_dir(args.data_dir if args.data_dir is not None else Path(DEFAULT_DATA_DIR)) / "objects"
         url = directory.resolve().as_uri()
     else:
         url = args.object_store

@@ -11,6 +11,7 @@ import sys
 import threading
 from pathlib import Path
 
+from stratalog.infra.cli.coordinator_access import DEFAULT_DATA_DIR
 
 EXIT_GRACE_S = 5.0  # after shutdown.timeout.ms, for the interpreter's own exit
 
@@ -31,7 +32,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="address to accept Kafka clients on (default 127.0.0.1:9092; port 0 picks one)")
     p.add_argument("--advertised", metavar="HOST:PORT",
                    help="address clients are told to connect to (default: the listener)")
-    p.add_argument("--data-dir", default="stratalog-data", type=Path, metavar="DIR",
+    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR, type=Path, metavar="DIR",
                    help="local state: active segments, cache, embedded coordinator (default ./stratalog-data)")
     p.add_argument("--config", type=Path, metavar="FILE", help="TOML file of settings")
     p.add_argument("--coordinator", metavar="URL",

@@ -189,3 +189,41 @@ def test_a_group_keeps_its_generation_when_its_coordinator_moves(gateway_factory
     finally:
         consumer.close()
     assert sorted(seen) == sorted(f"v{i}".encode() for i in range(sent))
+
+
+def test_log_dirs_report_each_led_partitions_size_once(gateway_factory, etcd, tmp_path):
+    """DescribeLogDirs (kafka-log-dirs.sh; admin UIs' topic sizes) through kafka-python on
+    two gateways: each reports the partitions it leads, with their bytes, in one log
+    directory (its data directory), so the sizes add up to the topic's once."""
+    from cluster_fixtures import leaders, start_cluster
+
+    gws = start_cluster(gateway_factory, etcd, tmp_path, 2)
+    bootstrap = ",".join(g.bootstrap for g in gws)
+    topic, other = f"kp-dirs-{uuid.uuid4().hex[:6]}", f"kp-dirs-{uuid.uuid4().hex[:6]}"
+    create_topic(bootstrap, topic, partitions=4)
+    create_topic(bootstrap, other, partitions=1)
+    for p in range(4):
+        produce(bootstrap, topic, [(None, b"v" * 1000, [])] * (p + 1), "none", partition=p)
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15000)
+    try:
+        reports = admin.describe_log_dirs({topic: [0, 1, 2, 3]})
+        everything = admin.describe_log_dirs()
+    finally:
+        admin.close()
+    sizes, dirs = {}, set()
+    for report in reports:
+        for log_dir in report["log_dirs"]:
+            assert log_dir["error_code"] == 0
+            dirs.add(log_dir["log_dir"])
+            for t in log_dir["topics"]:
+                assert t["name"] == topic
+                for part in t["partitions"]:
+                    assert part["partition_index"] not in sizes  # once, by its leader
+                    sizes[part["partition_index"]] = part["partition_size"]
+    assert dirs == {str(gw.data_dir) for gw in gws}
+    assert set(sizes) == {0, 1, 2, 3}
+    # Each batch of n 1000-byte records is a little over n KB; more records, more bytes.
+    assert all(1000 * (p + 1) < sizes[p] < 1000 * (p + 1) + 200 for p in range(4)), sizes
+    named = {t["name"] for r in everything for d in r["log_dirs"] for t in d["topics"]}
+    assert {topic, other} <= named
+    assert set(leaders(bootstrap, topic).values()) == {1, 2}  # both gateways answered some
