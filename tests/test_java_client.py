@@ -319,6 +319,9 @@ def test_compression_fencing_static_members_regex_and_more_admin_calls(gateway, 
                     "IDEMPOTENT_WRITE"],
         "group": ["DELETE", "DESCRIBE", "READ"]}
     assert result["topics by id"] == {"named": f"{prefix}-byid", "left": False}  # describe and delete by id
+    assert result["unknown remote assignor"] == "UnsupportedAssignorException"
+    # INVALID_TRANSACTION_TIMEOUT, which Kafka's producer reports as an unexpected error.
+    assert "transaction.max.timeout.ms" in result["transaction timeout too long"]
     assert len(result["clientInstanceId"]) == 22  # KIP-714: the gateway gave the client an instance id
     # Offsets of a group with live members are the members' to commit (as Kafka answers).
     assert result["alterConsumerGroupOffsets on a live group"] == "UnknownMemberIdException"

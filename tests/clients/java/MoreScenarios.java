@@ -266,6 +266,29 @@ final class MoreScenarios {
                 while (admin.listTopics().names().get().contains(doomed) && System.currentTimeMillis() < deadline) Thread.sleep(50);
                 return Map.of("named", named, "left", admin.listTopics().names().get().contains(doomed));
             });
+            step("unknown remote assignor", () -> {
+                Map<String, Object> conf = new HashMap<>(Map.of("group.id", prefix + "-noassignor", "group.protocol", "consumer",
+                        "group.remote.assignor", "no-such-assignor"));
+                try (KafkaConsumer<String, String> c = JavaClient.consumer(conf)) {
+                    c.subscribe(List.of(topic));
+                    long deadline = System.currentTimeMillis() + 10000;
+                    while (System.currentTimeMillis() < deadline) c.poll(Duration.ofMillis(100));
+                    return "joined";
+                } catch (org.apache.kafka.common.KafkaException e) {
+                    return e.getClass().getSimpleName();
+                }
+            });
+            step("transaction timeout too long", () -> {
+                try (KafkaProducer<String, String> p = JavaClient.producer(Map.of("transactional.id", prefix + "-long",
+                        "transaction.timeout.ms", "3600000", "delivery.timeout.ms", "3600000"))) {
+                    p.initTransactions();
+                    return "initialized";
+                } catch (org.apache.kafka.common.KafkaException e) {
+                    // Kafka's producer reports INVALID_TRANSACTION_TIMEOUT as an unexpected error.
+                    Throwable cause = e.getCause() != null ? e.getCause() : e;
+                    return cause.getClass().getSimpleName() + ": " + cause.getMessage();
+                }
+            });
             step("listOffsets forTimestamp", () -> admin.listOffsets(Map.of(new TopicPartition(topic, 0), OffsetSpec.forTimestamp(0)))
                     .all().get().get(new TopicPartition(topic, 0)).offset());
         }
