@@ -45,6 +45,14 @@ class Records:
             return len({v for _, _, v in sink}) >= self.total
 
 
+def stop_all(members) -> None:
+    """Ask every member thread to stop (they leave at once, together), then wait for each."""
+    for m in members:
+        m.stop_flag.set()
+    for m in members:
+        m.join(20)
+
+
 def assert_delivered_once(sink: list, total: int) -> None:
     values = [v for _, _, v in sink]
     assert len(set(values)) == total, f"lost {total - len(set(values))} records"

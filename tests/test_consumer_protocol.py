@@ -23,7 +23,7 @@ if tuple(int(x) for x in ck.libversion()[0].split(".")[:2]) < (2, 12):
                 allow_module_level=True)
 
 from cluster_fixtures import etcd, start_cluster  # noqa: E402,F401 - etcd is a fixture
-from group_scenarios import CoordinatorMove, Records, assert_delivered_once, wait_for  # noqa: E402
+from group_scenarios import CoordinatorMove, Records, assert_delivered_once, stop_all, wait_for  # noqa: E402
 
 PARTITIONS = 6
 SETTINGS = {"group.consumer.heartbeat.interval.ms": 500, "group.consumer.session.timeout.ms": 6000}
@@ -144,10 +144,7 @@ def test_three_members_join_and_leave_without_loss_or_duplicates(gw, assignor):
     # Taken before anyone stops: the member that closes last is given the other's
     # partitions if it is still polling when that one leaves.
     settled = sorted(sorted(p for _, p in set(m.assignment)) for m in members[1:])
-    for m in members[1:]:
-        m.stop_flag.set()
-    for m in members[1:]:
-        m.join(20)
+    stop_all(members[1:])
     assert not any(m.error for m in members), [m.error for m in members]
     assert_delivered_once(sink, records.total)
     if assignor == "range":
@@ -197,10 +194,7 @@ def test_list_groups_types_and_consumer_group_describe(gw):
         assert all(p.topic == topic for m in d.members for p in m.assignment.topic_partitions)
     finally:
         classic.close()
-        for m in members:
-            m.stop_flag.set()
-        for m in members:
-            m.join(20)
+        stop_all(members)
 
 
 def test_regex_subscription_picks_up_a_new_topic(gw):
@@ -259,10 +253,7 @@ def test_static_member_restart_keeps_its_partitions(gw):
         assert b.events[b_events:] == [], b.events[b_events:]
         assert again.events == [("assign", frozenset(mine))]
     finally:
-        for m in (again, b):
-            m.stop_flag.set()
-        for m in (again, b):
-            m.join(20)
+        stop_all((again, b))
     assert not any(m.error for m in (a, b, again))
 
 
@@ -295,10 +286,7 @@ def test_the_group_continues_when_its_coordinator_is_killed(gateway_factory, etc
         assert [m.events[n:] for m, n in zip(members, events)] == [[], []], \
             "a member's partitions moved while the coordinator did"
     finally:
-        for m in members:
-            m.stop_flag.set()
-        for m in members:
-            m.join(20)
+        stop_all(members)
     assert not any(m.error for m in members), [m.error for m in members]
     assert_delivered_once(sink, records.total)
 
@@ -341,9 +329,6 @@ def test_a_classic_group_is_upgraded_online_member_by_member(gw, strategy):
         assert d.type == ConsumerGroupType.CONSUMER and len(d.members) == 3
         wait_for(lambda: records.all_in(sink, lock), 60, "every record delivered")
     finally:
-        for m in members:
-            m.stop_flag.set()
-        for m in members:
-            m.join(20)
+        stop_all(members)
     assert not any(m.error for m in all_members), [m.error for m in all_members]
     assert_delivered_once(sink, records.total)

@@ -16,7 +16,8 @@ from confluent_kafka import Consumer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from cluster_fixtures import etcd, start_cluster  # noqa: E402,F401 - etcd is a fixture
-from group_scenarios import CoordinatorMove, Records, assert_delivered_once, snapshot, wait_for  # noqa: E402
+from group_scenarios import (CoordinatorMove, Records, assert_delivered_once, snapshot,  # noqa: E402
+                             stop_all, wait_for)
 
 PARTITIONS = 6
 
@@ -123,10 +124,7 @@ def test_three_members_join_and_leave_without_loss_or_duplicates(gateway, strate
         wait_for(lambda: records.all_in(sink, lock), 40, "every record delivered")
     except AssertionError:
         pass  # the check below says which are missing
-    for m in members[1:]:
-        m.stop_flag.set()
-    for m in members[1:]:
-        m.join(20)
+    stop_all(members[1:])
     assert not any(m.error for m in members), [m.error for m in members]
     values = [v for _, _, v in sink]
     missing = sorted({f"{i:06d}".encode() for i in range(records.total)} - set(values))
@@ -174,9 +172,6 @@ def test_a_stable_group_continues_when_its_coordinator_is_killed(gateway_factory
         assert [a[n:] for a, n in zip(after, moves)] == [[], []], \
             "a member's partitions moved while the coordinator did"
     finally:
-        for m in members:
-            m.stop_flag.set()
-        for m in members:
-            m.join(20)
+        stop_all(members)
     assert not any(m.error for m in members), [m.error for m in members]
     assert_delivered_once(sink, records.total)
