@@ -159,6 +159,11 @@ final class AdminScenarios {
             });
             step("deleteTopics", () -> {
                 admin.deleteTopics(List.of(assigned)).all().get();
+                // Metadata may show a deleted topic for a moment (in Kafka too): wait for it to go.
+                long deadline = System.currentTimeMillis() + 10000;
+                while (admin.listTopics().names().get().contains(assigned) && System.currentTimeMillis() < deadline) {
+                    Thread.sleep(50);
+                }
                 return admin.listTopics().names().get().contains(assigned);
             });
         }
