@@ -2,11 +2,17 @@
 decoding the frame, the append (validation, offsets, local segment, WAL buffer), the WAL
 flush and commit that `acks=all` waits for, and encoding the answer; likewise for a fetch of
 recent data. Then the whole gateway over a socket: server CPU per pipelined produce request
-from a raw client, read from /proc, beside the sum of the steps.
+from a raw client, read from /proc, beside the sum of the steps. Last, a flood: small acks=all
+produce requests offered at a fixed rate (`--rate` a second over `--connections`, open loop:
+a late answer does not hold the next request back), with the answers a second, their
+latency and the server's CPU per request; `--profile FILE` samples the gateway with py-spy
+meanwhile and splits its event loop's time by step.
 
-    .venv/bin/python bench/request_cost.py [--requests 20000] [--records 1]
+    .venv/bin/python bench/request_cost.py [--requests 20000] [--records 1] [--rate 10000]
+        [--profile flood.txt] [--timeline]
 
-Prints microseconds per step; never passes or fails on time.
+Prints microseconds per step (CPU time for the in-process steps); never passes or fails on
+time.
 """
 
 from __future__ import annotations
@@ -15,10 +21,13 @@ import argparse
 import asyncio
 import os
 import shutil
+import signal
 import struct
+import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from stratalog.coordinator.embedded import EmbeddedKV
@@ -43,11 +52,12 @@ def produce_body(batch: bytes, partition: int) -> dict:
 
 
 def timed(n: int, step) -> float:
-    """Microseconds per call of step(i)."""
-    start = time.perf_counter()
+    """CPU microseconds per call of step(i) (CPU time: on a shared machine, wall-clock time
+    counts the other processes' turns too)."""
+    start = time.process_time()
     for i in range(n):
         step(i)
-    return (time.perf_counter() - start) / n * 1e6
+    return (time.process_time() - start) / n * 1e6
 
 
 async def in_process(n: int, records: int) -> list[tuple[str, float]]:
@@ -115,8 +125,10 @@ async def in_process(n: int, records: int) -> list[tuple[str, float]]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def server_cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def server_cpu_seconds(pid: int, event_loop_only: bool = False) -> float:
+    """CPU seconds of a process, or of its main thread (the event loop) alone."""
+    path = f"/proc/{pid}/task/{pid}/stat" if event_loop_only else f"/proc/{pid}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -143,8 +155,155 @@ async def pipelined(port: int, n: int, records: int, window: int = 64) -> float:
     return time.perf_counter() - started
 
 
-def over_socket(n: int, records: int) -> tuple[float, float]:
-    """(server CPU microseconds per request, requests per second) for a real gateway."""
+@dataclass
+class Flood:
+    """What a flood of small requests got: every answer after the warm-up as (second it was
+    sent in, latency in seconds), and the gateway's CPU seconds over the whole flood."""
+
+    seconds: float
+    answers: list[tuple[float, float]]
+    requests: int = 0  # answered, warm-up included
+    in_window: int = 0  # answers that arrived during the measured seconds
+    server_cpu: float = 0.0
+    loop_cpu: float = 0.0  # of it, the event loop's (the main thread's)
+
+    def rate(self) -> float:
+        """Answers a second that arrived while the flood was measured."""
+        return self.in_window / self.seconds
+
+    def percentile_ms(self, q: float) -> float:
+        lat = sorted(latency for _, latency in self.answers)
+        return lat[min(int(len(lat) * q), len(lat) - 1)] * 1e3 if lat else float("nan")
+
+    def per_second(self) -> list[tuple[int, float, float]]:
+        """(second, p99 ms, max ms) of the answers to the requests sent in each second."""
+        by: dict[int, list[float]] = {}
+        for at, latency in self.answers:
+            by.setdefault(int(at), []).append(latency)
+        return [(second, sorted(lat)[int(len(lat) * 0.99)] * 1e3, max(lat) * 1e3) for second, lat in sorted(by.items())]
+
+
+async def flood(port: int, rate: float, seconds: float, connections: int, records: int,
+                warmup: float = 2.0) -> Flood:
+    """Offer `rate` acks=all produce requests a second over `connections` for `warmup` +
+    `seconds`, open loop (a late answer does not hold the next request back). A request's
+    latency runs from its write to its answer's arrival."""
+    batch = build_batch([(None, os.urandom(RECORD), [])] * records)
+    frames = [encode_request(ApiKey.PRODUCE, 9, 0, produce_body(batch, p)) for p in range(PARTITIONS)]
+    result = Flood(seconds, [])
+    start = time.perf_counter()
+    end = start + warmup + seconds
+
+    async def one(index: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        sent_at: dict[int, float] = {}
+        share = rate / connections
+        done = asyncio.Event()
+
+        async def answers() -> None:
+            while True:
+                (size,) = struct.unpack(">i", await reader.readexactly(4))
+                (correlation,) = struct.unpack(">i", (await reader.readexactly(size))[:4])
+                now = time.perf_counter()
+                sent = sent_at.pop(correlation)
+                result.requests += 1
+                if warmup <= now - start < warmup + seconds:
+                    result.in_window += 1
+                if sent - start >= warmup:
+                    result.answers.append((sent - start - warmup, now - sent))
+                if done.is_set() and not sent_at:
+                    return
+
+        reading = asyncio.create_task(answers())
+        sent = 0
+        while (now := time.perf_counter()) < end:
+            for _ in range(int((now - start) * share) - sent):
+                f = bytearray(frames[(sent * connections + index) % PARTITIONS])
+                struct.pack_into(">i", f, 8, sent)  # the correlation id, after size, key and version
+                sent_at[sent] = now
+                writer.write(f)
+                sent += 1
+            await asyncio.sleep(0.001)
+        done.set()
+        if sent_at:
+            await asyncio.wait_for(reading, 120)
+        else:
+            reading.cancel()
+        writer.close()
+
+    await asyncio.gather(*(one(i) for i in range(connections)))
+    return result
+
+
+# A produced request's steps in the gateway, each named by the functions whose samples it
+# takes; a sample goes to the step of its innermost frame that names one (so the handler's
+# own lines count as glue, the append it calls as the append's parts).
+STEPS = (
+    ("read the frame (socket to bytes)", ("StreamReader.readexactly", "StreamReader.feed_data",
+                                          "StreamReaderProtocol.data_received", "RequestMemory.acquire")),
+    ("decode the request", ("decode_request", "decode_struct_", "Schema.decode")),
+    ("auth, ACL, quota and transaction checks", ("ClientQuotas.", "RequestContext.allowed", "Session.",
+                                                  "_TxnCheck.", "_non_transactional_refusal", "LoopTime.")),
+    ("partition lookup", ("LogEngine.partition", "LogEngine.leader")),
+    ("validate the batch (sizes, CRC-32C, timestamps)", ("LogEngine._validate", "validate_batches",
+                                                         "split_batches", "_crc_matches", "BatchHeader.parse")),
+    ("idempotent sequence checks", ("PartitionLog.check_duplicate", "ProducerTable.")),
+    ("assign offsets, write the local segment", ("PartitionLog.append", "ActiveSegment.", "patch_batch",
+                                                  "_local_write", "Sealer.maybe_roll")),
+    ("put it in the WAL buffer", ("WalWriter.add", "WalBuilder.add")),
+    ("count it (metrics)", ("GatewayMetrics.",)),
+    ("wait for the commit (futures, timeouts, wake-ups)", ("_await_commit", "_when_done", "_settle_waiting",
+                                                           "CoarseTimers.", "Deferred.")),
+    ("encode the response", ("encode_response_parts", "encode_struct_", "Schema.encode", "_struct_encoder")),
+    ("write the answers to the socket", ("StreamWriter.writelines", "StreamWriter.drain", "GatewayServer._send")),
+    ("drive WAL flushes (build, upload, commit)", ("WalWriter._run", "WalWriter._flush", "WalBuilder.build")),
+    ("handler and server glue", ("produce", "_produce_partition", "LogEngine.append", "GatewayServer.",
+                                 "RequestContext", "Queue.")),
+)
+
+
+def breakdown(profile: Path) -> tuple[list[tuple[str, float]], float]:
+    """The event loop's (main thread's) samples by step, as fractions of them (the rest is
+    the loop itself: its socket calls, scheduling, garbage collection), and the other
+    threads' samples (WAL file writes and fsyncs, coordinator commits) as a fraction of the
+    main thread's."""
+    main = other = 0
+    counts = dict.fromkeys([step for step, _ in STEPS] + ["the event loop itself (uvloop, GC)"], 0)
+    for line in profile.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        frames = stack.split(";")
+        if "MainThread" not in frames[0]:
+            other += int(n)
+            continue
+        main += int(n)
+        counts[_step(frames[1:])] += int(n)
+    return [(step, count / max(main, 1)) for step, count in counts.items()], other / max(main, 1)
+
+
+def _step(frames: list[str]) -> str:
+    for frame in reversed(frames):
+        function = frame.split(" (", 1)[0]
+        for step, names in STEPS:
+            if any(function == n or (n.endswith(("_", ".")) and function.startswith(n)) for n in names):
+                return step
+    return "the event loop itself (uvloop, GC)"
+
+
+def py_spy(pid: int, output: Path) -> subprocess.Popen:
+    """py-spy sampling a process into `output` (collapsed stacks) until it gets SIGINT."""
+    spy = subprocess.Popen([shutil.which("py-spy", path=Path(sys.executable).parent) or "py-spy", "record",
+                            "--format", "raw", "--rate", "250", "--nonblocking", "--threads",
+                            "--pid", str(pid), "--output", str(output)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1)  # attached
+    return spy
+
+
+def over_socket(n: int, records: int, rate: float, seconds: float, connections: int,
+                profile: Path | None = None) -> tuple[float, float, Flood]:
+    """For a real gateway: server CPU microseconds per request and requests per second of
+    pipelined requests, then the `flood` at `rate` (sampled by py-spy into `profile` when
+    given)."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
     work = Path(tempfile.mkdtemp(prefix="stratalog-cost-"))
@@ -159,7 +318,18 @@ def over_socket(n: int, records: int) -> tuple[float, float]:
         asyncio.run(pipelined(port, 2000, records))  # warm up
         before = server_cpu_seconds(child.pid)
         secs = asyncio.run(pipelined(port, n, records))
-        return (server_cpu_seconds(child.pid) - before) / n * 1e6, n / secs
+        cpu_us = (server_cpu_seconds(child.pid) - before) / n * 1e6
+        spy = py_spy(child.pid, profile) if profile is not None else None
+        try:
+            before, loop_before = server_cpu_seconds(child.pid), server_cpu_seconds(child.pid, True)
+            flooded = asyncio.run(flood(port, rate, seconds, connections, records))
+            flooded.server_cpu = server_cpu_seconds(child.pid) - before
+            flooded.loop_cpu = server_cpu_seconds(child.pid, True) - loop_before
+        finally:
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)
+                spy.wait(60)
+        return cpu_us, n / secs, flooded
     finally:
         child.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -169,9 +339,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=20000)
     ap.add_argument("--records", type=int, default=1, help=f"{RECORD}-byte records per produce request")
+    ap.add_argument("--rate", type=float, default=10000, help="produce requests a second the flood offers")
+    ap.add_argument("--seconds", type=float, default=10, help="how long the flood is measured, after 2 s of warm-up")
+    ap.add_argument("--connections", type=int, default=8, help="connections the flood is spread over")
+    ap.add_argument("--profile", type=Path, help="py-spy's collapsed stacks of the gateway during the flood")
+    ap.add_argument("--timeline", action="store_true", help="the flood's p99 and max for each second")
     args = ap.parse_args()
     rows = asyncio.run(in_process(args.requests, args.records))
-    cpu_us, rate = over_socket(args.requests, args.records)
+    cpu_us, rate, flooded = over_socket(args.requests, args.records, args.rate, args.seconds,
+                                        args.connections, args.profile)
     steps = sum(v for k, v in rows if not k.startswith(("one lone", "read")))
     width = max(len(k) for k, _ in rows)
     print(f"\nProduce requests of {args.records} x {RECORD}-byte record(s), one partition each, "
@@ -182,6 +358,21 @@ def main() -> None:
     print(f"{'gateway over a socket: server CPU per request':<{width}}  {cpu_us:8.1f} µs "
           f"({rate:.0f} requests/s, 64 in flight on one connection)")
     print(f"{'  of which sockets, asyncio and bookkeeping':<{width}}  {max(cpu_us - steps, 0):8.1f} µs")
+    print(f"\nA flood of {args.rate:.0f} requests/s offered over {args.connections} connections for "
+          f"{args.seconds:.0f} s: {flooded.rate():.0f} answered a second, p50 {flooded.percentile_ms(0.5):.1f} ms, "
+          f"p99 {flooded.percentile_ms(0.99):.1f} ms, max {flooded.percentile_ms(1):.1f} ms; server CPU "
+          f"{flooded.server_cpu / max(flooded.requests, 1) * 1e6:.0f} µs per request")
+    if args.profile is not None:
+        steps, others = breakdown(args.profile)
+        loop_us = flooded.loop_cpu / max(flooded.requests, 1) * 1e6
+        print(f"\nWhere the event loop's {loop_us:.0f} µs per request went (py-spy samples of the main thread):")
+        for step, share in steps:
+            print(f"  {step:<52} {share * 100:5.1f}%  {share * loop_us:6.1f} µs")
+        print(f"  other threads (WAL file writes and fsyncs, coordinator commits): {others * 100:.0f}% as many "
+              f"samples as the event loop")
+    if args.timeline:
+        for second, p99_ms, worst_ms in flooded.per_second():
+            print(f"  second {second:3d}: p99 {p99_ms:7.1f} ms, max {worst_ms:7.1f} ms")
 
 
 if __name__ == "__main__":

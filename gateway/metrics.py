@@ -1,14 +1,18 @@
 """Prometheus metrics of one gateway.
 
-Counters and histograms are updated on the hot paths; everything that is a reading of
-state (partitions led, cache and object-store counters, consumer lag) is collected when
-Prometheus scrapes, so the hot paths pay nothing for it.
+What every request updates (bytes and records by topic, request latency by API) is counted
+in plain dicts and lists, which cost a fraction of a prometheus_client metric's locked
+update, and exported when Prometheus scrapes; so is everything that is a reading of state
+(partitions led, cache and object-store counters, consumer lag). Rarer events (WAL flushes
+and their failures) use prometheus_client's metrics directly.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from .telemetry.exposition import TelemetryCollector
 
@@ -18,14 +22,11 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.bytes_in = Counter("stratalog_topic_bytes_in", "Record-batch bytes appended",
-                                ["topic"], registry=self.registry)
-        self.records_in = Counter("stratalog_topic_records_in", "Records appended",
-                                  ["topic"], registry=self.registry)
-        self.bytes_out = Counter("stratalog_topic_bytes_out", "Record-batch bytes fetched",
-                                 ["topic"], registry=self.registry)
-        self.requests = Histogram("stratalog_request_seconds", "Request latency by API",
-                                  ["api"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.bytes_in: dict[str, int] = {}  # by topic
+        self.records_in: dict[str, int] = {}
+        self.bytes_out: dict[str, int] = {}
+        self.requests: dict[str, _Latencies] = {}  # by API name
+        self.registry.register(_HotPathCollector(self))
         self.wal_flush = Histogram("stratalog_wal_flush_seconds", "WAL object upload plus commit",
                                    buckets=LATENCY_BUCKETS, registry=self.registry)
         self.wal_commit = Histogram("stratalog_wal_commit_seconds", "Coordinator commit of a WAL object",
@@ -34,26 +35,19 @@ class GatewayMetrics:
                                     ["step"], registry=self.registry)
         self.broker = None
         self.connection_limits = None  # the gateway's ConnectionLimits, set at start
-        self._children: dict[tuple[int, str], object] = {}
-
-    def _child(self, metric, label: str):
-        # labels() looks the child up under a lock on every call, and these run for every
-        # request: keep the children (one per API or topic) at hand.
-        key = (id(metric), label)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(label)
-        return child
 
     def observe_request(self, api: str, seconds: float) -> None:
-        self._child(self.requests, api).observe(seconds)
+        latencies = self.requests.get(api)
+        if latencies is None:
+            latencies = self.requests[api] = _Latencies()
+        latencies.observe(seconds)
 
     def produced(self, topic: str, nbytes: int, records: int) -> None:
-        self._child(self.bytes_in, topic).inc(nbytes)
-        self._child(self.records_in, topic).inc(records)
+        self.bytes_in[topic] = self.bytes_in.get(topic, 0) + nbytes
+        self.records_in[topic] = self.records_in.get(topic, 0) + records
 
     def fetched(self, topic: str, nbytes: int) -> None:
-        self._child(self.bytes_out, topic).inc(nbytes)
+        self.bytes_out[topic] = self.bytes_out.get(topic, 0) + nbytes
 
     def attach(self, broker) -> None:
         """Collect the state readings of this broker on every scrape."""
@@ -63,6 +57,50 @@ class GatewayMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _Latencies:
+    """One API's request latencies: a count per LATENCY_BUCKETS bucket (the last for more
+    than the largest bound) and their sum."""
+
+    __slots__ = ("counts", "total")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LATENCY_BUCKETS) + 1)
+        self.total = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.total += seconds
+
+    def buckets(self) -> list[tuple[str, int]]:
+        """Prometheus's cumulative buckets, "+Inf" last."""
+        out, running = [], 0
+        for bound, count in zip((*map(str, LATENCY_BUCKETS), "+Inf"), self.counts):
+            running += count
+            out.append((bound, running))
+        return out
+
+
+class _HotPathCollector:
+    """The counts the hot paths keep (see the module docstring), as Prometheus metrics."""
+
+    def __init__(self, metrics: GatewayMetrics):
+        self.metrics = metrics
+
+    def collect(self):
+        m = self.metrics
+        for name, help_, counts in (("stratalog_topic_bytes_in", "Record-batch bytes appended", m.bytes_in),
+                                    ("stratalog_topic_records_in", "Records appended", m.records_in),
+                                    ("stratalog_topic_bytes_out", "Record-batch bytes fetched", m.bytes_out)):
+            family = CounterMetricFamily(name, help_, labels=["topic"])
+            for topic, value in sorted(counts.items()):
+                family.add_metric([topic], value)
+            yield family
+        requests = HistogramMetricFamily("stratalog_request_seconds", "Request latency by API", labels=["api"])
+        for api, latencies in sorted(m.requests.items()):
+            requests.add_metric([api], latencies.buckets(), latencies.total)
+        yield requests
 
 
 class _StateCollector:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import struct
 import time
 from dataclasses import dataclass, field
@@ -62,6 +63,11 @@ class _Activity:
     last: float = field(default_factory=time.monotonic)
     pending: int = 0
     muted_until: float = 0.0  # a throttled connection is not read from until then (KIP-219)
+    # When the frame being read must be whole (request.read.timeout.ms after its size came;
+    # inf between frames), and its size: the sweeper closes a connection past it. One
+    # sweep for all connections costs less than a timer per frame.
+    frame_due: float = math.inf
+    frame_size: int = 0
 
     def mute(self, throttle_ms: int) -> None:
         if throttle_ms > 0:
@@ -110,16 +116,25 @@ class GatewayServer:
         if self._server is None:
             await self.bind()
         await self._server.start_serving()
-        if self.idle_ms is not None and self._sweeper is None:
+        if self._sweeper is None:
             self._sweeper = asyncio.create_task(self._close_idle(), name=f"idle-{self.port}")
 
     async def _close_idle(self) -> None:
-        idle_s = self.idle_ms / 1000
+        """Close connections idle for connections.max.idle.ms, and those whose request
+        frame did not arrive whole within request.read.timeout.ms (checked a few times per
+        bound, so a stalled frame is closed at most a quarter of its bound late)."""
+        idle_s = self.idle_ms / 1000 if self.idle_ms is not None else math.inf
         while True:
-            await asyncio.sleep(min(max(idle_s / 4, 0.05), 30.0))
+            await asyncio.sleep(min(max(min(idle_s, self.read_timeout_s) / 4, 0.05), 30.0))
             now = time.monotonic()
             for activity, writer in list(self._activity.values()):
-                if activity.pending == 0 and now - activity.last >= idle_s:
+                if activity.frame_due < now:
+                    peer = writer.get_extra_info("peername")
+                    log.warning("%s: closing, a %d-byte request frame did not arrive within %.0fs",
+                                f"{peer[0]}:{peer[1]}" if peer else "?", activity.frame_size,
+                                self.read_timeout_s)
+                    writer.transport.abort()
+                elif activity.pending == 0 and now - activity.last >= idle_s:
                     log.debug("closing a connection idle for %.1fs", now - activity.last)
                     writer.transport.abort()
 
@@ -197,13 +212,9 @@ class GatewayServer:
                     return
                 await self.memory.acquire(size)
                 try:
-                    try:
-                        async with asyncio.timeout(self.read_timeout_s):
-                            frame = await reader.readexactly(size)
-                    except TimeoutError:
-                        log.warning("%s: closing, a %d-byte request frame did not arrive within %.0fs",
-                                    peer, size, self.read_timeout_s)
-                        return
+                    activity.frame_due, activity.frame_size = time.monotonic() + self.read_timeout_s, size
+                    frame = await reader.readexactly(size)  # the sweeper aborts it past frame_due
+                    activity.frame_due = math.inf
                     activity.last = time.monotonic()
                     activity.pending += 1
                     if session.raw_tokens:
@@ -298,23 +309,28 @@ class GatewayServer:
         request of one WAL flush) go out in one write: a system call costs as much here as
         encoding a small response."""
         out: list = []
+        gathered = 0  # bytes in `out`, counted as answers are added (not summed again each time)
         item = _NOTHING
         try:
             while True:
                 if item is _NOTHING:
                     await self._send(out, writer)
+                    gathered = 0
                     item = await responses.get()
                 if item is None:
                     return
                 if out and _must_wait(item):
                     await self._send(out, writer)
+                    gathered = 0
+                before = len(out)
                 try:
                     if not await self._answer(item, writer, out, activity):
                         return
                 finally:
                     activity.pending -= 1
                     activity.last = time.monotonic()
-                if responses.empty() or sum(map(len, out)) >= COALESCE_BYTES:
+                gathered += sum(map(len, out[before:]))
+                if responses.empty() or gathered >= COALESCE_BYTES:
                     item = _NOTHING
                 else:
                     item = responses.get_nowait()

@@ -13,16 +13,21 @@ back the last stable offset for ever).
 from __future__ import annotations
 
 import asyncio
+import logging
+from typing import Callable
 
 from stratalog.coordinator.transactions import TxnStatus
 from stratalog.engine.errors import EngineError, InvalidRecord
 from stratalog.gateway.auth.acls import Operation, ResourceType
+from stratalog.gateway.coarse_timers import coarse_timers
 from stratalog.gateway.errors import error_code, error_message
 from stratalog.gateway.protocol.error_codes import ErrorCode
 from stratalog.gateway.quotas.rules import PRODUCER_BYTE_RATE
 from stratalog.tiering.batch import HEADER_SIZE, BatchHeader
 
 from .registry import NO_RESPONSE, ApiKey, Deferred, RequestContext, handles
+
+log = logging.getLogger(__name__)
 
 
 def _produce_partition(broker, topic: str, index: int, records, now_ms: int, version: int):
@@ -55,7 +60,7 @@ async def produce(ctx: RequestContext, req):
     now_ms = broker.now_ms()
     responses = []
     waits: list[tuple[dict, object]] = []
-    txn_check = _TxnCheck(ctx, req.transactional_id)
+    txn_check = _TxnCheck(ctx, req.transactional_id) if req.transactional_id is not None else None
     for t in req.topic_data:
         parts = []
         for pd in t.partition_data:
@@ -67,7 +72,8 @@ async def produce(ctx: RequestContext, req):
                 resp = {"index": pd.index, "error_code": ErrorCode.TOPIC_AUTHORIZATION_FAILED,
                         "base_offset": -1}
                 wait = None
-            elif (refused := await txn_check.refusal(t.name, pd.index, pd.records)) is not None:
+            elif (refused := _non_transactional_refusal(pd.records) if txn_check is None
+                  else await txn_check.refusal(t.name, pd.index, pd.records)) is not None:
                 resp = {"index": pd.index, "error_code": refused[0], "base_offset": -1,
                         "error_message": refused[1]}
                 wait = None
@@ -100,7 +106,10 @@ def _await_commit(body: dict, waits, timeout_ms: int) -> asyncio.Future:
     """
     loop = asyncio.get_running_loop()
     answer = loop.create_future()
-    pending = {id(f): (resp, f) for resp, f in ((resp, asyncio.ensure_future(w)) for resp, w in waits)}
+    pending = {}
+    for resp, w in waits:
+        f = w if isinstance(w, asyncio.Future) else asyncio.ensure_future(w)
+        pending[id(f)] = (resp, f)
 
     def settle(f: asyncio.Future) -> None:
         entry = pending.pop(id(f), None)
@@ -117,8 +126,7 @@ def _await_commit(body: dict, waits, timeout_ms: int) -> asyncio.Future:
             answer.set_result(body)
 
     def time_out() -> None:
-        for resp, f in pending.values():
-            f.remove_done_callback(settle)
+        for resp, f in pending.values():  # cleared below, so `settle` ignores them later
             if isinstance(f, asyncio.Task):
                 f.cancel()  # a retried batch's wait for its original, ours alone
             resp["error_code"] = ErrorCode.REQUEST_TIMED_OUT
@@ -127,16 +135,50 @@ def _await_commit(body: dict, waits, timeout_ms: int) -> asyncio.Future:
         if not answer.done():
             answer.set_result(body)
 
-    timer = loop.call_later(max(timeout_ms, 1) / 1000, time_out)
+    timer = coarse_timers().call_later(max(timeout_ms, 1) / 1000, time_out)
     for _, f in list(pending.values()):
-        f.add_done_callback(settle)
+        _when_done(f, settle)
     return answer
 
 
-class _TxnCheck:
-    """Whether a partition's batches may be appended for the request's transactional id."""
+# Callbacks waiting on each commit future, run together by one done-callback of the future:
+# a WAL flush then wakes the event loop once per partition, not once per request. Every
+# commit future ends (committed, failed, or told WalCommitDelayed), which removes its entry;
+# only a stop that abandons its last flush leaves some, as the process ends.
+_WAITING: dict[asyncio.Future, list[Callable[[asyncio.Future], None]]] = {}
 
-    def __init__(self, ctx: RequestContext, transactional_id: str | None):
+
+def _when_done(f: asyncio.Future, callback: Callable[[asyncio.Future], None]) -> None:
+    waiting = _WAITING.get(f)
+    if waiting is None:
+        waiting = _WAITING[f] = []
+        f.add_done_callback(_settle_waiting)
+    waiting.append(callback)
+
+
+def _settle_waiting(f: asyncio.Future) -> None:
+    for callback in _WAITING.pop(f, ()):
+        try:
+            callback(f)
+        except Exception:  # noqa: BLE001 - one request's bug must not keep the others waiting
+            log.exception("settling a produce request's commit wait failed")
+
+
+def _non_transactional_refusal(records) -> tuple[ErrorCode, str] | None:
+    """Why a request without a transactional id may not append these batches, or None."""
+    if records is None or len(records) < HEADER_SIZE:
+        return None  # the append refuses it
+    h = BatchHeader.parse(records, 0)
+    if h.is_transactional and not h.is_control:
+        return ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "transactional batches need a transactional id"
+    return None
+
+
+class _TxnCheck:
+    """Whether a partition's batches may be appended for the request's transactional id
+    (requests without one: `_non_transactional_refusal`)."""
+
+    def __init__(self, ctx: RequestContext, transactional_id: str):
         self.ctx = ctx
         self.transactional_id = transactional_id
         self._state = None
@@ -147,10 +189,6 @@ class _TxnCheck:
         if records is None or len(records) < HEADER_SIZE:
             return None  # the append refuses it
         h = BatchHeader.parse(records, 0)
-        if tid is None:
-            if h.is_transactional and not h.is_control:
-                return ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "transactional batches need a transactional id"
-            return None
         if not ctx.allowed(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, tid):
             return ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, f"WRITE on transactional id {tid!r} is not allowed"
         if not h.is_transactional or h.is_control:

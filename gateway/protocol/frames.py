@@ -17,6 +17,7 @@ from .schema import Message, Schema
 from .wire import DecodeError, Reader, Writer
 
 SIZE = struct.Struct(">i")
+_API_KEYS = {int(k): k for k in ApiKey}  # a dict lookup costs less than ApiKey(n)
 
 
 class UnknownApi(DecodeError):
@@ -68,7 +69,7 @@ def decode_request(frame: bytes | memoryview, supported: dict[int, tuple[int, in
     span = supported.get(api_key)
     if span is None or api_key not in APIS:
         raise UnknownApi(api_key, api_version, correlation_id)
-    api_key = ApiKey(api_key)
+    api_key = _API_KEYS[api_key]
     schema = request_schema(api_key)
     # The schema bounds the range too: a version it does not describe has no layout.
     in_range = max(span[0], schema.vmin) <= api_version <= min(span[1], schema.vmax)
@@ -109,7 +110,11 @@ def encode_response_parts(api_key: int, api_version: int, correlation_id: int, b
     flexible = schema.flexible(api_version) and api_key != ApiKey.API_VERSIONS
     w = Writer()
     w.int32(0)  # size, patched below
-    RESPONSE_HEADER.encode(w, Message(correlation_id=correlation_id), 1 if flexible else 0)
+    # The response header, written directly: it is the correlation id, then (v1) an empty
+    # tagged-field section, as RESPONSE_HEADER describes it.
+    w.int32(correlation_id)
+    if flexible:
+        w.buf.append(0)
     schema.encode(w, body, api_version)
     return _sized_parts(w)
 

@@ -36,6 +36,8 @@ from functools import lru_cache, partial
 from types import SimpleNamespace
 from typing import Any, Callable
 
+from .decoding import compile_struct_decoder
+from .encoding import compile_struct_encoder
 from .wire import DecodeError, Reader, Writer
 
 MAX_VERSION = 0x7FFF
@@ -136,12 +138,17 @@ class Schema:
     def encode(self, writer: Writer, msg: Any, version: int) -> None:
         """Append `msg` encoded at `version`; `EncodeError` if the schema does not allow it
         (the module docstring gives the rule)."""
-        enc = self._encoders.get(version)
-        if enc is None:
-            enc = self._encoders[version] = _struct_encoder(
-                self.fields, version, self.flexible(version))
+        fast = self._encoders.get(version)
+        if fast is None:
+            fast = self._encoders[version] = _fast_struct_encoder(self.fields, version, self.flexible(version))
+        mark = writer.mark()
         try:
-            enc(writer, msg)
+            fast(writer, msg)
+            return
+        except Exception:  # noqa: BLE001 - the checked encoder below writes it or says what is wrong
+            writer.rewind(mark)
+        try:
+            _struct_encoder(self.fields, version, self.flexible(version))(writer, msg)
         except EncodeError as e:
             e.schema, e.version = self.name, version
             raise
@@ -179,20 +186,6 @@ Decoder = Callable[[Reader], Any]
 Encoder = Callable[[Writer, Any], None]
 
 
-def _prim_decoder(t: str, compact: bool, nullable: bool) -> Decoder:
-    if t in ("int8", "int16", "uint16", "int32", "uint32", "int64", "float64", "bool", "uuid"):
-        return getattr(Reader, t)
-    if t == "string":
-        m = Reader.compact_string if compact else Reader.string
-        return lambda r: m(r, nullable)
-    if t == "bytes":
-        mb = Reader.compact_bytes if compact else Reader.bytes
-        return lambda r: mb(r, nullable)
-    if t == "records":
-        return lambda r: r.records(compact)
-    raise ValueError(f"unknown type {t}")
-
-
 def _as_uuid(v: Any) -> Any:
     if isinstance(v, str):
         return _uuid.UUID(v)
@@ -209,32 +202,6 @@ def _prim_encoder(t: str, compact: bool) -> Encoder:
     if t in ("bytes", "records"):
         return Writer.compact_bytes if compact else Writer.bytes
     raise ValueError(f"unknown type {t}")
-
-
-def _field_decoder(f: Field, version: int, flexible: bool) -> Decoder:
-    compact = flexible and not f.never_flexible
-    nullable = f.is_nullable(version)
-    if f.type == "struct":
-        inner = _struct_decoder(f.fields, version, flexible)
-        if not nullable:
-            return inner
-        return lambda r: None if r.int8() < 0 else inner(r)
-    if f.type.startswith("[]"):
-        elem_t = f.type[2:]
-        elem = (
-            _struct_decoder(f.fields, version, flexible)
-            if elem_t == "struct"
-            else _prim_decoder(elem_t, compact, False)
-        )
-
-        def read_array(r: Reader) -> list | None:
-            n = r.array_length(compact, nullable)
-            if n is None:
-                return None
-            return [elem(r) for _ in range(n)]
-
-        return read_array
-    return _prim_decoder(f.type, compact, nullable)
 
 
 # Types whose writers take None (strings and bytes write a null, bool writes false): where
@@ -331,50 +298,15 @@ def _bad_value(segment: str, t: str, v: Any, e: Exception) -> EncodeError:
 
 @lru_cache(maxsize=None)
 def _struct_decoder(fields: tuple[Field, ...], version: int, flexible: bool) -> Decoder:
-    plain: list[tuple[str, Decoder]] = []
-    tagged: dict[int, tuple[str, Decoder]] = {}
-    absent: list[Field] = []
-    for f in fields:
-        if flexible and f.tag is not None and f.is_tagged(version):
-            tagged[f.tag] = (f.name, _field_decoder(f, version, flexible))
-            absent.append(f)
-        elif f.present(version) and f.tag is None:
-            plain.append((f.name, _field_decoder(f, version, flexible)))
-        else:
-            absent.append(f)
-    # Defaults of absent fields: immutable ones are shared, lists and structs made afresh
-    # for each message (a handler may fill them in).
-    shared = {f.name: f.default_value() for f in absent if not _fresh_default(f)}
-    fresh = [f for f in absent if _fresh_default(f)]
-
-    def decode(r: Reader) -> Message:
-        msg = Message()
-        d = msg.__dict__
-        d.update(shared)
-        for f in fresh:
-            d[f.name] = f.default_value()
-        for name, dec in plain:
-            d[name] = dec(r)
-        if flexible:
-            for _ in range(r.uvarint()):
-                tag = r.uvarint()
-                size = r.uvarint()
-                if size > r.remaining():
-                    raise DecodeError(f"tagged field {tag} of {size} bytes overruns the buffer")
-                known = tagged.get(tag)
-                if known is None:
-                    r.pos += size  # unknown tags are skipped, as the protocol requires
-                    continue
-                sub = Reader(r.buf, r.pos, r.pos + size)
-                d[known[0]] = known[1](sub)
-                r.pos += size
-        return msg
-
-    return decode
+    return compile_struct_decoder(fields, version, flexible, Message, _struct_decoder)
 
 
-def _fresh_default(f: Field) -> bool:
-    return f.default_value() is not None and (f.type == "struct" or f.type.startswith("[]"))
+@lru_cache(maxsize=None)
+def _fast_struct_encoder(fields: tuple[Field, ...], version: int, flexible: bool) -> Encoder:
+    """The compiled encoder (see `encoding`), which leaves anything unusual to `_struct_encoder`."""
+    return compile_struct_encoder(fields, version, flexible, checked=_struct_encoder(fields, version, flexible),
+                                  nested=_fast_struct_encoder, empty_value=_empty_value, as_uuid=_as_uuid,
+                                  message=Message)
 
 
 @lru_cache(maxsize=None)

@@ -180,6 +180,19 @@ class Writer:
     def getvalue(self) -> bytes:
         return b"".join(self.parts())
 
+    def mark(self) -> tuple[int, int, int]:
+        """Where the encoding is now, for `rewind`."""
+        return len(self.buf), len(self._parts), self._spilled
+
+    def rewind(self, mark: tuple[int, int, int]) -> None:
+        """Drop what was written since `mark`."""
+        size, parts, spilled = mark
+        if len(self._parts) > parts:  # spilled since: the buffer of then is the first part after
+            self.buf = self._parts[parts]
+            del self._parts[parts:]
+        del self.buf[size:]
+        self._spilled = spilled
+
     def _put_large(self, v: bytes | bytearray | memoryview) -> None:
         if len(v) < self.SPILL_BYTES:
             self.buf += v
