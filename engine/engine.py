@@ -38,6 +38,9 @@ from .wal_writer import WalCommitFailed, WalWriter
 REMOTE_CACHE_BYTES = 1024 * 1024 * 1024
 WAL_FLUSH_MS_S3 = 200  # at most 5 WAL PUTs a second per gateway
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
+# KIP-405's tiered specs: the first offset held locally (after the sealed segments in the
+# object store) and the last offset in the object store's sealed segments.
+EARLIEST_LOCAL, LATEST_TIERED = -4, -5
 _MAX_DAMAGE_TRACKED = 65536
 
 log = logging.getLogger(__name__)
@@ -373,12 +376,17 @@ class LogEngine:
     async def list_offset(self, plog: PartitionLog, timestamp: int, *,
                           read_committed: bool = False) -> tuple[int, int] | None:
         """(offset, timestamp) for ListOffsets: LATEST (-1; the last stable offset for
-        read_committed) and EARLIEST (-2) with timestamp -1, MAX_TIMESTAMP (-3), or the
-        first record at or after a timestamp; None if none."""
+        read_committed), EARLIEST (-2), EARLIEST_LOCAL (-4) and LATEST_TIERED (-5; -1 when
+        nothing is sealed yet) with timestamp -1, MAX_TIMESTAMP (-3), or the first record
+        at or after a timestamp; None if none."""
         if timestamp == LATEST:
             return (plog.last_stable_offset if read_committed else plog.high_watermark), -1
         if timestamp == EARLIEST:
             return plog.log_start_offset, -1
+        if timestamp == EARLIEST_LOCAL:
+            return max(plog.log_start_offset, plog.sealed[-1].last_offset + 1 if plog.sealed else 0), -1
+        if timestamp == LATEST_TIERED:
+            return (plog.sealed[-1].last_offset if plog.sealed else -1), -1
         with self._damage_refused(plog, CorruptLog):
             if timestamp == MAX_TIMESTAMP:
                 return await plog.max_timestamp_offset(self.cache)

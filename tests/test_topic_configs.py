@@ -159,6 +159,14 @@ def test_incremental_alter_configs_sets_deletes_and_appends_to_lists(gw):
     assert described["unclean.leader.election.enable"].value == "true"
     assert described["leader.replication.throttled.replicas"].value == "0:1,1:2"
 
+    # A list the topic does not set grows from the value it has (Kafka's Java AdminClient
+    # relies on it: appending compact to the default cleanup.policy keeps delete; the
+    # gateway writes the policy in its one sorted form).
+    alter(ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.APPEND)).result(15)
+    assert _describe(admin, name)["cleanup.policy"].value == "compact,delete"
+    alter(ConfigEntry("cleanup.policy", "delete", incremental_operation=AlterConfigOpType.SUBTRACT)).result(15)
+    assert _describe(admin, name)["cleanup.policy"].value == "compact"
+
     alter(ConfigEntry("unclean.leader.election.enable", None, incremental_operation=AlterConfigOpType.DELETE)).result(15)
     described = _describe(admin, name)
     assert described["unclean.leader.election.enable"].value == "false"

@@ -35,6 +35,11 @@ class ResourceType(enum.IntEnum):
     USER = 7
 
 
+# The operations each resource type has, as Kafka lists them in the `authorized_operations`
+# bit fields of Metadata, DescribeCluster, DescribeGroups and ConsumerGroupDescribe.
+RESOURCE_OPERATIONS: dict[ResourceType, tuple["Operation", ...]] = {}
+
+
 class PatternType(enum.IntEnum):
     UNKNOWN = 0
     ANY = 1
@@ -59,6 +64,15 @@ class Operation(enum.IntEnum):
     IDEMPOTENT_WRITE = 12
     CREATE_TOKENS = 13
     DESCRIBE_TOKENS = 14
+
+
+RESOURCE_OPERATIONS.update({
+    ResourceType.TOPIC: (Operation.READ, Operation.WRITE, Operation.CREATE, Operation.DELETE, Operation.ALTER,
+                         Operation.DESCRIBE, Operation.DESCRIBE_CONFIGS, Operation.ALTER_CONFIGS),
+    ResourceType.GROUP: (Operation.READ, Operation.DESCRIBE, Operation.DELETE),
+    ResourceType.CLUSTER: (Operation.CREATE, Operation.ALTER, Operation.DESCRIBE, Operation.CLUSTER_ACTION,
+                           Operation.DESCRIBE_CONFIGS, Operation.ALTER_CONFIGS, Operation.IDEMPOTENT_WRITE),
+})
 
 
 class Permission(enum.IntEnum):

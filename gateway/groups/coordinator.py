@@ -394,16 +394,22 @@ class GroupCoordinator(Membership):
         return None
 
     async def check_member(self, group_id: str, generation_id: int, member_id: str,
-                           group_instance_id: str | None) -> ErrorCode | None:
+                           group_instance_id: str | None,
+                           partitions: list[tuple[str, int]]) -> ErrorCode | None:
         """TxnOffsetCommit (KIP-447): the consumer a producer commits for must be a current
-        member of the current generation, as for its own commits; None if it is."""
+        member of the current generation, as for its own commits; None if it is. A stale
+        member epoch of a consumer group is ILLEGAL_GENERATION here, as in Kafka:
+        STALE_MEMBER_EPOCH is not among TxnOffsetCommit's errors, and Kafka's Java producer
+        takes an unexpected code as fatal where ILLEGAL_GENERATION is a CommitFailedException
+        the application can recover from."""
         try:
             await self._load(group_id, cached=False)
         except Exception as e:  # noqa: BLE001 - unreadable, or the store is unreachable
             log.warning("group %s: could not load its stored state: %s", group_id, e)
             return E.COORDINATOR_NOT_AVAILABLE
         if self.consumer.group(group_id) is not None:
-            return self.consumer.check_commit(group_id, member_id, generation_id, [])
+            error = self.consumer.check_commit(group_id, member_id, generation_id, partitions)
+            return E.ILLEGAL_GENERATION if error == E.STALE_MEMBER_EPOCH else error
         return self._validate_commit(group_id, generation_id, member_id, group_instance_id)
 
     # --- OffsetFetch ------------------------------------------------------------------

@@ -193,7 +193,8 @@ async def _alter(ctx: RequestContext, r, build, validate_only: bool) -> dict:
         info = broker.topics.get(r.resource_name)
         if info is None:
             raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {r.resource_name!r} does not exist")
-        configs = build(dict(info.configs), r.configs)
+        configs = build(dict(info.configs), r.configs,
+                        lambda name: config_describe.render(topic_configs.values(broker.config, info.configs)[name]))
         checked = broker.admin.check_topic_configs(configs)
         if not validate_only:
             await broker.admin.set_topic_configs(r.resource_name, checked)
@@ -202,11 +203,14 @@ async def _alter(ctx: RequestContext, r, build, validate_only: bool) -> dict:
     return row
 
 
-def _replace(_current: dict, changes) -> dict:
+def _replace(_current: dict, changes, _effective) -> dict:
     return {c.name: c.value for c in changes}
 
 
-def _incremental(current: dict, changes) -> dict:
+def _incremental(current: dict, changes, effective) -> dict:
+    """Apply the operations in order. APPEND and SUBTRACT on a list the topic does not set
+    start from the value the topic has now (the broker's or the built-in default), as
+    Kafka's do: appending compact to an unset cleanup.policy gives compact,delete."""
     for c in changes:
         if c.config_operation == SET:
             current[c.name] = c.value
@@ -215,7 +219,8 @@ def _incremental(current: dict, changes) -> dict:
         elif c.config_operation in (APPEND, SUBTRACT):
             if not topic_configs.is_topic_config(c.name) or topic_configs.kind(c.name) != "LIST":
                 raise KafkaError(ErrorCode.INVALID_CONFIG, f"{c.name} is not a list config")
-            items = [x for x in current.get(c.name, "").split(",") if x]
+            start = current[c.name] if c.name in current else effective(c.name)
+            items = [x for x in start.split(",") if x]
             value = [x for x in (c.value or "").split(",") if x]
             if c.config_operation == APPEND:
                 items += [x for x in value if x not in items]

@@ -14,8 +14,8 @@ from typing import Any
 from stratalog.gateway.auth.acls import Operation, ResourceType
 from stratalog.gateway.groups.consumer_membership import Subscription
 from stratalog.gateway.groups.consumer_group import Partitions
-from stratalog.gateway.handlers.groups import (GROUP_OPERATIONS, OPERATIONS_NOT_REQUESTED,
-                                               client_host, may_use, not_coordinator)
+from stratalog.gateway.handlers.groups import (OPERATIONS_NOT_REQUESTED, client_host, may_use,
+                                               not_coordinator)
 from stratalog.gateway.handlers.registry import ApiKey, RequestContext, handles
 from stratalog.gateway.protocol.error_codes import ErrorCode as E
 from stratalog.gateway.protocol.schema import Message
@@ -91,9 +91,10 @@ def _described(ctx: RequestContext, partitions: Partitions) -> dict[str, Any]:
 
 @handles(ApiKey.CONSUMER_GROUP_DESCRIBE, 0, 0)
 async def consumer_group_describe(ctx: RequestContext, req: Message) -> dict[str, Any]:
-    operations = GROUP_OPERATIONS if req.include_authorized_operations else OPERATIONS_NOT_REQUESTED
     out = []
     for group_id in req.group_ids or []:
+        operations = ctx.authorized_operations(ResourceType.GROUP, group_id) if req.include_authorized_operations \
+            else OPERATIONS_NOT_REQUESTED
         entry: dict[str, Any] = {"group_id": group_id, "authorized_operations": operations,
                                  "members": []}
         loaded = await _load(ctx, group_id)

@@ -20,8 +20,6 @@ from stratalog.gateway.protocol.schema import Message
 GROUP_KEY_TYPE = 0
 TRANSACTION_KEY_TYPE = 1
 OPERATIONS_NOT_REQUESTED = -(2**31)
-# READ (3), DELETE (6) and DESCRIBE (8): everything a group allows, as no ACLs apply here.
-GROUP_OPERATIONS = (1 << 3) | (1 << 6) | (1 << 8)
 
 
 def not_coordinator(ctx: RequestContext, group_id: str | None) -> bool:
@@ -185,10 +183,10 @@ async def list_groups(ctx: RequestContext, req: Message) -> dict[str, Any]:
 
 @handles(ApiKey.DESCRIBE_GROUPS, 0, 5)
 async def describe_groups(ctx: RequestContext, req: Message) -> dict[str, Any]:
-    operations = GROUP_OPERATIONS if ctx.version >= 3 and req.include_authorized_operations \
-        else OPERATIONS_NOT_REQUESTED
+    asked = ctx.version >= 3 and req.include_authorized_operations
     out = []
     for group_id in req.groups or []:
+        operations = ctx.authorized_operations(ResourceType.GROUP, group_id) if asked else OPERATIONS_NOT_REQUESTED
         refused = not ctx.allowed(Operation.DESCRIBE, ResourceType.GROUP, group_id)
         if refused or not_coordinator(ctx, group_id):
             out.append({"error_code": E.GROUP_AUTHORIZATION_FAILED if refused else E.NOT_COORDINATOR,

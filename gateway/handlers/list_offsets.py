@@ -1,15 +1,21 @@
 """ListOffsets (earliest, latest - the last stable offset for READ_COMMITTED -, by
-timestamp, max timestamp) and OffsetForLeaderEpoch."""
+timestamp, max timestamp, earliest local and latest tiered) and OffsetForLeaderEpoch."""
 
 from __future__ import annotations
 
-from stratalog.engine.engine import EARLIEST, LATEST, MAX_TIMESTAMP
+from stratalog.engine.engine import EARLIEST, EARLIEST_LOCAL, LATEST, LATEST_TIERED, MAX_TIMESTAMP
 from stratalog.engine.errors import EngineError, NotLeader, UnknownTopicOrPartition
 from stratalog.gateway.auth.acls import Operation, ResourceType
 from stratalog.gateway.errors import error_code
 from stratalog.gateway.protocol.error_codes import ErrorCode
 
 from .registry import ApiKey, RequestContext, handles
+
+
+# The negative timestamps each version may carry: EARLIEST_LOCAL from v8, LATEST_TIERED
+# from v9 (Kafka's Java AdminClient's OffsetSpec.earliestLocal() and latestTiered()).
+_SPECS_SINCE = {v: (LATEST, EARLIEST, MAX_TIMESTAMP, *((EARLIEST_LOCAL,) if v >= 8 else ()),
+                    *((LATEST_TIERED,) if v >= 9 else ())) for v in range(0, 11)}
 
 
 async def _one(ctx: RequestContext, topic: str, p, version: int, read_committed: bool) -> dict:
@@ -25,7 +31,7 @@ async def _one(ctx: RequestContext, topic: str, p, version: int, read_committed:
         out["error_code"] = error_code(e)
         return out
     out["leader_epoch"] = plog.leader_epoch
-    if p.timestamp < 0 and p.timestamp not in (LATEST, EARLIEST, MAX_TIMESTAMP):
+    if p.timestamp < 0 and p.timestamp not in _SPECS_SINCE[version]:
         out["error_code"] = ErrorCode.INVALID_REQUEST
         return out
     try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 from stratalog.gateway.auth.acls import CLUSTER_NAME, Operation, ResourceType
 from stratalog.gateway.errors import KafkaError
 from stratalog.gateway.protocol.error_codes import ErrorCode
@@ -9,6 +11,7 @@ from stratalog.gateway.protocol.error_codes import ErrorCode
 from .registry import ApiKey, RequestContext, handles
 
 CLUSTER_ACTIONS_OMITTED = -2147483648
+NO_TOPIC_ID = uuid.UUID(int=0)
 
 
 def _brokers(ctx: RequestContext, id_field: str = "node_id"):
@@ -23,7 +26,7 @@ def _brokers(ctx: RequestContext, id_field: str = "node_id"):
     return out
 
 
-async def describe_topic(broker, name: str, info, error: int = 0) -> dict:
+async def describe_topic(broker, name: str, info, error: int = 0, operations: int = CLUSTER_ACTIONS_OMITTED) -> dict:
     partitions = []
     if info is not None:
         states = await broker.partition_states(info)
@@ -45,7 +48,7 @@ async def describe_topic(broker, name: str, info, error: int = 0) -> dict:
                 "isr_nodes": list(st.isr), "offline_replicas": offline,
             })
     return {"error_code": error, "name": name, "topic_id": info.topic_id if info else None,
-            "is_internal": False, "partitions": partitions}
+            "is_internal": False, "partitions": partitions, "topic_authorized_operations": operations}
 
 
 def may_create(ctx: RequestContext, topic: str) -> bool:
@@ -54,20 +57,32 @@ def may_create(ctx: RequestContext, topic: str) -> bool:
             or ctx.allowed(Operation.CREATE, ResourceType.TOPIC, topic))
 
 
+def by_id(topic) -> bool:
+    """Whether a requested topic is named by its id. A non-zero id wins over the name, as in
+    Kafka: Kafka's Java consumer asks for its KIP-848 assignment by id and leaves the name at
+    its default, "" (not null)."""
+    return getattr(topic, "topic_id", None) not in (None, NO_TOPIC_ID)
+
+
 @handles(ApiKey.METADATA, 0, 12)
 async def metadata(ctx: RequestContext, req):
     broker = ctx.broker
     topics = []
+    topic_ops = ctx.version >= 8 and req.include_topic_authorized_operations
+
+    def operations(name: str) -> int:
+        return ctx.authorized_operations(ResourceType.TOPIC, name) if topic_ops else CLUSTER_ACTIONS_OMITTED
     if req.topics is None or (ctx.version == 0 and not req.topics):
         for name in sorted(broker.topics):
             if ctx.allowed(Operation.DESCRIBE, ResourceType.TOPIC, name):  # only what it may see
-                topics.append(await describe_topic(broker, name, broker.topics[name]))
+                topics.append(await describe_topic(broker, name, broker.topics[name], 0, operations(name)))
     else:
         auto = req.allow_auto_topic_creation if ctx.version >= 4 else True
-        await broker.look_up_topics([t.name for t in req.topics])
+        await broker.look_up_topics([t.name for t in req.topics if not by_id(t)],
+                                    [t.topic_id for t in req.topics if by_id(t)])
         for t in req.topics:
             name = t.name
-            if name is None and t.topic_id is not None:
+            if by_id(t):
                 info = broker.topics_by_id.get(t.topic_id)
                 if info is None:
                     # The name is nullable from v12 only: v10-11 have no null for it.
@@ -89,10 +104,12 @@ async def metadata(ctx: RequestContext, req):
                     error = e.code
             if info is None and not error:
                 error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-            topics.append(await describe_topic(broker, name, info, error))
+            topics.append(await describe_topic(broker, name, info, error, operations(name)))
+    cluster_ops = 8 <= ctx.version <= 10 and req.include_cluster_authorized_operations
     return {"throttle_time_ms": 0, "brokers": _brokers(ctx), "cluster_id": broker.cluster_id,
             "controller_id": broker.controller_id(), "topics": topics,
-            "cluster_authorized_operations": CLUSTER_ACTIONS_OMITTED}
+            "cluster_authorized_operations": ctx.authorized_operations(ResourceType.CLUSTER, CLUSTER_NAME)
+            if cluster_ops else CLUSTER_ACTIONS_OMITTED}
 
 
 @handles(ApiKey.DESCRIBE_CLUSTER, 0, 1)
@@ -106,4 +123,5 @@ async def describe_cluster(ctx: RequestContext, req):
     return {"throttle_time_ms": 0, "error_code": 0, "endpoint_type": 1,
             "cluster_id": broker.cluster_id, "controller_id": broker.controller_id(),
             "brokers": _brokers(ctx, "broker_id"),
-            "cluster_authorized_operations": CLUSTER_ACTIONS_OMITTED}
+            "cluster_authorized_operations": ctx.authorized_operations(ResourceType.CLUSTER, CLUSTER_NAME)
+            if req.include_cluster_authorized_operations else CLUSTER_ACTIONS_OMITTED}

@@ -60,6 +60,13 @@ class RequestContext:
         host = self.peer.rsplit(":", 1)[0].strip("[]")
         return self.broker.authorizer.allowed_any(self.session.principal, host, operation, resource_type)
 
+    def authorized_operations(self, resource_type: "ResourceType", name: str) -> int:
+        """The bit field of the operations this principal may do on the resource (bit n for
+        operation code n), as Kafka answers when a request asks for authorized operations."""
+        from stratalog.gateway.auth.acls import RESOURCE_OPERATIONS
+
+        return sum(1 << op for op in RESOURCE_OPERATIONS[resource_type] if self.allowed(op, resource_type, name))
+
     def require(self, operation: "Operation", resource_type: "ResourceType", name: str) -> None:
         """Raise the resource type's *_AUTHORIZATION_FAILED unless `allowed`."""
         if not self.allowed(operation, resource_type, name):

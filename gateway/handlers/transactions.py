@@ -186,8 +186,9 @@ async def _offset_commit_error(ctx: RequestContext, req) -> E | None:
     if ctx.version >= 3 and (req.generation_id >= 0 or req.member_id or req.group_instance_id):
         # KIP-447: the producer speaks for a consumer that must still be a member of the
         # group's current generation (a zombie's offsets are refused).
+        partitions = [(t.name, p.partition_index) for t in req.topics or [] for p in t.partitions or []]
         return await ctx.broker.groups.check_member(req.group_id, req.generation_id, req.member_id,
-                                              req.group_instance_id)
+                                                    req.group_instance_id, partitions)
     return None
 
 
