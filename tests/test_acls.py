@@ -98,7 +98,7 @@ from confluent_kafka.admin import (AclBinding as CkAcl, AclBindingFilter, AclOpe
                                    AclPermissionType, AdminClient, NewTopic, ResourcePatternType,
                                    ResourceType as CkResource)
 
-from cluster_fixtures import start_cluster, wait_for  # noqa: E402
+from cluster_fixtures import QUIET, start_cluster, wait_for  # noqa: E402
 from conftest import GatewayProcess  # noqa: E402
 from stratalog.infra.processes import free_port  # noqa: E402
 
@@ -356,11 +356,12 @@ def test_an_acl_added_through_one_gateway_is_enforced_by_all_within_two_seconds(
     admins[0].create_topics([NewTopic(topic, 3, 1)])[topic].result(30)
     wait_for(lambda: {p.leader for p in admins[0].list_topics(topic, timeout=10).topics[topic]
                       .partitions.values()} == {1, 2, 3}, what="one partition led by each gateway")
-    p = Producer({"bootstrap.servers": gws[0].bootstrap, "acks": "all", "retries": 0,
-                  "message.timeout.ms": 5000, "linger.ms": 0})
-
     def refused_everywhere() -> bool:
-        """Whether the leader of each partition (one per gateway) refuses a write now."""
+        """Whether the leader of each partition (one per gateway) refuses a write now. A new
+        producer each time: after one refusal librdkafka fails the topic's next produce()
+        calls itself until its metadata is refreshed."""
+        p = Producer({"bootstrap.servers": gws[0].bootstrap, "acks": "all", "retries": 0,
+                      "message.timeout.ms": 5000, "linger.ms": 0, "logger": QUIET})
         errors = []
         for partition in range(3):
             p.produce(topic, value=b"x", partition=partition, on_delivery=lambda e, m: errors.append(e))
