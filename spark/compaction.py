@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+import numpy as np
+
 from stratalog.tiering import layout
 from stratalog.tiering.batch import (LOG_APPEND_TIME, BatchHeader, CorruptBatch, build_batch, decode_records,
                            set_log_append_time)
@@ -53,6 +55,7 @@ from stratalog.tiering.manifest import SegmentRecord
 from stratalog.tiering.sealed import Batch, SegmentObject, Take, read_sync, walk
 from stratalog.tiering.segment import ActiveSegment
 
+from stratalog.spark.columns import NotVectorisable, batch_offsets
 from stratalog.spark.metadata import ManifestMetadata
 from stratalog.spark.objects import StoreSpec
 
@@ -220,34 +223,73 @@ def plan_compaction(spec: StoreSpec, topic: str, settings: Settings, *, now_ms: 
 # ---- 2. key map ----------------------------------------------------------------------
 
 
+KEY_MAP_SCHEMA = "partition int, key binary, offset long, tombstone boolean, us long"
+
+
+def _read_options(plan: Plan) -> dict[str, str]:
+    """The `stratalog` read of the key map: every cleanable offset, read_committed."""
+    last = {p: max(g.last_offset for g in plan.groups_of(p)) for p in plan.partitions()}
+    options = {"topic": plan.topic, "topicId": str(plan.topic_id),
+               # From the log start: records below it are already deleted, so no key map keeps them.
+               "startingOffsets": "earliest",
+               # Aborted records never enter the key map, so they are removed, and never
+               # shadow an older committed value of their key (Kafka's cleaner does the same).
+               "kafka.isolation.level": "read_committed",
+               "assign": json.dumps({plan.topic: plan.partitions()}),
+               "endingOffsets": json.dumps({plan.topic: {str(p): o + 1 for p, o in last.items()}}),
+               "path": plan.spec.url}
+    if plan.spec.endpoint:
+        options["endpoint"] = plan.spec.endpoint
+    if plan.spec.region:
+        options["region"] = plan.spec.region
+    if plan.spec.path_style is not None:
+        options["pathStyle"] = str(plan.spec.path_style).lower()
+    return options
+
+
+class _KeyColumns:
+    """`mapInArrow` over slice numbers: the key map's columns of each planned slice. Values
+    are read in the Python worker and only whether each is null crosses to the JVM, so the
+    key map moves keys and offsets, not the topic's bytes."""
+
+    def __init__(self, slices: list, spec: StoreSpec) -> None:
+        self.slices, self.spec = slices, spec
+
+    def __call__(self, ids):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from stratalog.spark.reading import read_input
+
+        names = ["partition", "key", "offset", "tombstone", "us"]
+        for chunk in ids:
+            for i in chunk.column(0).to_pylist():
+                for rows in read_input(self.slices[i], self.spec):
+                    yield pa.RecordBatch.from_arrays(
+                        [rows.column("partition"), rows.column("key"), rows.column("offset"),
+                         pc.is_null(rows.column("value")), rows.column("timestamp").cast(pa.int64())],
+                        names=names)
+
+
+def key_map_records(spark, plan: Plan):
+    """DataFrame (partition, key, offset, tombstone, us) of every cleanable record."""
+    from stratalog.spark.datasource import StratalogReader
+
+    slices = list(StratalogReader(_read_options(plan)).partitions())
+    ids = spark.range(len(slices), numPartitions=max(1, len(slices)))
+    return ids.mapInArrow(_KeyColumns(slices, plan.spec), KEY_MAP_SCHEMA)
+
+
 def retained_offsets(spark, plan: Plan):
     """DataFrame (group_id, offset) of the records that survive, plus one row with a null
     offset per group so that groups with no survivors are rewritten too."""
     from pyspark.sql import functions as F
 
-    from stratalog.spark.datasource import StratalogDataSource
-
-    spark.dataSource.register(StratalogDataSource)
-    # From the log start: records below it are already deleted, so no key map keeps them.
-    last = {p: max(g.last_offset for g in plan.groups_of(p)) for p in plan.partitions()}
-    reader = (spark.read.format("stratalog").option("topic", plan.topic)
-              .option("topicId", str(plan.topic_id)).option("startingOffsets", "earliest")
-              # Aborted records never enter the key map, so they are removed, and never
-              # shadow an older committed value of their key (Kafka's cleaner does the same).
-              .option("kafka.isolation.level", "read_committed")
-              .option("endingOffsets", json.dumps({plan.topic: {str(p): o + 1 for p, o in last.items()}})))
-    if plan.spec.endpoint:
-        reader = reader.option("endpoint", plan.spec.endpoint)
-    if plan.spec.region:
-        reader = reader.option("region", plan.spec.region)
-    if plan.spec.path_style is not None:
-        reader = reader.option("pathStyle", str(plan.spec.path_style).lower())
-    records = reader.load(plan.spec.url).where(F.col("partition").isin(plan.partitions()))
+    records = key_map_records(spark, plan)
     delete_before_us = (plan.now_ms - plan.settings.delete_retention_ms) * 1000
     keyed = records.where(F.col("key").isNotNull())
     newest = keyed.groupBy("partition", "key").agg(
-        F.max_by(F.struct(F.col("offset"), F.col("value").isNull().alias("tombstone"),
-                          F.unix_micros(F.col("timestamp")).alias("us")), F.col("offset")).alias("n"))
+        F.max_by(F.struct(F.col("offset"), F.col("tombstone"), F.col("us")), F.col("offset")).alias("n"))
     kept = (newest.where(~(F.col("n.tombstone") & (F.col("n.us") < F.lit(delete_before_us))))
             .select("partition", F.col("n.offset").alias("offset")))
     kept = kept.unionByName(records.where(F.col("key").isNull()).select("partition", "offset"))
@@ -291,9 +333,21 @@ def _batches(store, seg) -> Iterator[Batch]:
     return read_sync(steps, lambda g: store.get(g.key, g.start, g.end))
 
 
-def rewrite_group(store, group: Group, keep: set[int], index_interval_bytes: int,
+def _kept(offsets: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """Which of `offsets` are in `keep` (sorted)."""
+    at = np.minimum(np.searchsorted(keep, offsets), max(len(keep) - 1, 0))
+    return keep[at] == offsets if len(keep) else np.zeros(len(offsets), dtype=bool)
+
+
+def rewrite_group(store, group: Group, keep, index_interval_bytes: int,
                   workdir: Path, *, now_ms: int) -> dict:
-    """Write the compacted segment of one group and upload it under `group.key_base`."""
+    """Write the compacted segment of one group and upload it under `group.key_base`.
+
+    `keep` holds the offsets that survive (any collection of ints). A batch is decoded in
+    full only when some but not all of its records survive: the others are copied or
+    dropped from their offsets alone.
+    """
+    keep = np.unique(np.fromiter(keep, dtype=np.int64))
     directory = Path(tempfile.mkdtemp(prefix=f"compact-{group.group_id}-", dir=workdir))
     try:
         out = ActiveSegment.create(directory, group.base_offset,
@@ -308,14 +362,21 @@ def rewrite_group(store, group: Group, keep: set[int], index_interval_bytes: int
                 if h.is_control:
                     out.append(whole)
                     continue
-                records = decode_records(whole)  # checks the CRC before anything is copied
-                kept = [r for r in records if r.offset in keep]
-                records_in += len(records)
-                records_out += len(kept)
-                if len(kept) == len(records):
+                records = None
+                try:
+                    offsets = batch_offsets(h, whole)  # checks the CRC before anything is copied
+                except NotVectorisable:
+                    records = decode_records(whole)  # names what is wrong, or reads it
+                    offsets = np.array([r.offset for r in records], dtype=np.int64)
+                survives = _kept(offsets, keep)
+                count = int(survives.sum())
+                records_in += len(offsets)
+                records_out += count
+                if count == len(offsets):
                     out.append(whole)
-                elif kept or last_of_group:
-                    out.append(_rebuilt(h, kept))
+                elif count or last_of_group:
+                    records = decode_records(whole) if records is None else records
+                    out.append(_rebuilt(h, [r for r, kept in zip(records, survives) if kept]))
                     unchanged = False
                 else:
                     unchanged = False
@@ -350,7 +411,7 @@ class _Rewriter:
         import pyarrow as pa
 
         group = self.groups[key[0].as_py()]
-        keep = {o for o in table.column("offset").to_pylist() if o is not None}
+        keep = table.column("offset").drop_null().to_numpy()
         row = rewrite_group(self.spec.open(), group, keep, self.interval,
                             Path(tempfile.gettempdir()), now_ms=self.now_ms)
         return pa.Table.from_pylist([row])
