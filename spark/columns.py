@@ -81,7 +81,9 @@ class BatchColumns:
         if count == 0 and len(batch) == HEADER_SIZE:
             return
         section = batch[HEADER_SIZE:]
-        data = bytes(section) if header.compression == codecs.NONE else codecs.decompress(header.compression, section)
+        # Uncompressed records stay where they were read: `decode` cuts the fields out of
+        # the read buffer itself when every batch it holds is a view of the same one.
+        data = section if header.compression == codecs.NONE else codecs.decompress(header.compression, section)
         self.starts.append(np.array(_record_starts(data, count), dtype=np.int64))
         self.sections.append(data)
         self.meta.append((header.base_offset, header.base_timestamp, header.max_timestamp,
@@ -89,16 +91,21 @@ class BatchColumns:
         self.rows += count
         self.nbytes += len(data)
 
+    def continues(self, batch: memoryview) -> bool:
+        """Whether `batch` lies in the buffer of the uncompressed batches held (or none
+        are held), so decoding them together copies no records."""
+        views = [s for s in self.sections if isinstance(s, memoryview)]
+        return not views or batch.obj is views[-1].obj
+
     def clear(self) -> None:
         self.sections, self.starts, self.meta = [], [], []
         self.rows = self.nbytes = 0
 
     def decode(self) -> Decoded:
         """The columns of every record added since the last `clear`."""
-        shifts = np.cumsum([0] + [len(s) for s in self.sections[:-1]], dtype=np.int64)
+        joined, shifts = self._buffer()
         starts = np.concatenate([s + shift for s, shift in zip(self.starts, shifts)]) if self.starts \
             else np.zeros(0, np.int64)
-        joined = b"".join(self.sections) + bytes(_PAD)
         buf = np.frombuffer(joined, dtype=np.uint8)
         counts = np.array([m[4] for m in self.meta], dtype=np.int64)
 
@@ -140,6 +147,20 @@ class BatchColumns:
         data = pa.py_buffer(joined)
         return Decoded(offsets, timestamps, log_append.astype(np.int32),
                        _binary(data, key_pos, key_len), _binary(data, value_pos, value_len), headers)
+
+
+    def _buffer(self) -> tuple[bytes, list[int]]:
+        """One buffer holding every section, with `_PAD` bytes after the last, and where
+        each section starts in it: the read buffer the sections are views of, else a copy."""
+        views = [s for s in self.sections if isinstance(s, memoryview)]
+        base = views[0].obj if views else None
+        if len(views) == len(self.sections) and isinstance(base, bytes) and all(v.obj is base for v in views):
+            origin = np.frombuffer(base, dtype=np.uint8).ctypes.data
+            shifts = [np.frombuffer(v, dtype=np.uint8).ctypes.data - origin for v in views]
+            if shifts[-1] + len(views[-1]) + _PAD <= len(base):
+                return base, shifts
+        shifts = np.cumsum([0] + [len(s) for s in self.sections[:-1]], dtype=np.int64).tolist()
+        return b"".join(self.sections) + bytes(_PAD), shifts
 
 
 def batch_offsets(header: BatchHeader, batch: memoryview) -> np.ndarray:

@@ -117,6 +117,12 @@ def records_of(s: SegmentSlice | WalSlice, batches: Iterator[Batch], key: str) -
     held: list[Batch] = []  # the batches in `pending`, for the reference decoder
     for batch in batches:
         h = batch.header
+        if not pending.continues(batch.data):  # the next read buffer: decode what lies in the last
+            yield from select.rows(_decoded(pending, held, key))
+            if select.stopped:
+                return
+            pending.clear()
+            held = []
         try:
             pending.add(h, batch.data)
         except (CorruptBatch, NotVectorisable):

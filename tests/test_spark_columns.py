@@ -32,6 +32,15 @@ def field(rng: random.Random):
 
 
 def random_batches(rng: random.Random) -> list[Batch]:
+    """Batches as a read hands them over: views of one buffer (sometimes with bytes after
+    the last, as when more of the object was read)."""
+    parts = _random_batches(rng)
+    buffer = b"".join(bytes(b.data) for b in parts) + os.urandom(rng.choice([0, 5, 100]))
+    return [Batch(b.position, b.header, memoryview(buffer)[b.position:b.position + b.header.size])
+            for b in parts]
+
+
+def _random_batches(rng: random.Random) -> list[Batch]:
     out, offset, position = [], rng.randint(0, 10**12), 0
     for _ in range(rng.randint(1, 6)):
         n = rng.randint(0, 30)
