@@ -8,11 +8,14 @@ The job follows Kafka's cleaner, with segments in the object store:
    open); the active segment and unsealed WAL data are never seen.
    Consecutive cleanable segments are grouped (up to ``segment.bytes`` of input, 2^31
    offsets) and each group gets a fresh key base for its rewrite.
-2. Key map (Spark). The cleanable offsets are read through the `stratalog` data source;
-   per (partition, key) the newest offset survives, unless that record is a tombstone
-   older than ``delete.retention.ms``. Keyless records are kept. The read is
-   read_committed: records of aborted transactions are removed.
-3. Rewrite (executors). Each group's segments are copied batch by batch: a batch whose
+2. Key map (executors, one task per partition). The cleanable offsets are read through
+   the `stratalog` data source's planning and reader, read_committed (records of aborted
+   transactions are removed); per key the newest offset survives, unless that record is a
+   tombstone older than ``delete.retention.ms``. Keyless records are kept. As in Kafka's
+   cleaner the map is built in memory, one partition at a time, so a worker holds one
+   entry per distinct key of its partition (Arrow's hash aggregation, per slice and then
+   over the slices); no shuffle, and no record crosses to the JVM.
+3. Rewrite (the same task, right after its partition's key map). Each group's segments are copied batch by batch: a batch whose
    records all survive is copied byte for byte; otherwise it is rebuilt with its surviving
    records, their offsets (offset deltas with gaps), timestamps, headers, codec, producer
    fields and its original last offset delta; a batch left empty is dropped, except the
@@ -223,9 +226,6 @@ def plan_compaction(spec: StoreSpec, topic: str, settings: Settings, *, now_ms: 
 # ---- 2. key map ----------------------------------------------------------------------
 
 
-KEY_MAP_SCHEMA = "partition int, key binary, offset long, tombstone boolean, us long"
-
-
 def _read_options(plan: Plan) -> dict[str, str]:
     """The `stratalog` read of the key map: every cleanable offset, read_committed."""
     last = {p: max(g.last_offset for g in plan.groups_of(p)) for p in plan.partitions()}
@@ -247,68 +247,43 @@ def _read_options(plan: Plan) -> dict[str, str]:
     return options
 
 
-class _KeyColumns:
-    """`mapInArrow` over slice numbers: the key map's columns of each planned slice. Values
-    are read in the Python worker and only whether each is null crosses to the JVM, so the
-    key map moves keys and offsets, not the topic's bytes."""
-
-    def __init__(self, slices: list, spec: StoreSpec) -> None:
-        self.slices, self.spec = slices, spec
-
-    def __call__(self, ids):
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        from stratalog.spark.reading import read_input
-
-        names = ["partition", "key", "offset", "tombstone", "us"]
-        for chunk in ids:
-            for i in chunk.column(0).to_pylist():
-                for rows in read_input(self.slices[i], self.spec):
-                    yield pa.RecordBatch.from_arrays(
-                        [rows.column("partition"), rows.column("key"), rows.column("offset"),
-                         pc.is_null(rows.column("value")), rows.column("timestamp").cast(pa.int64())],
-                        names=names)
+def _newest(table):
+    """Per key, the columns of its last row (rows in offset order)."""
+    # Without threads Arrow's "last" is the last row in input order.
+    newest = table.group_by("key", use_threads=False).aggregate(
+        [("offset", "last"), ("tombstone", "last"), ("us", "last")])
+    return newest.rename_columns({"offset_last": "offset", "tombstone_last": "tombstone", "us_last": "us"})
 
 
-def key_map_records(spark, plan: Plan):
-    """DataFrame (partition, key, offset, tombstone, us) of every cleanable record."""
-    from stratalog.spark.datasource import StratalogReader
+def surviving_offsets(slices: list, spec: StoreSpec, delete_before_us: int) -> np.ndarray:
+    """The sorted offsets that survive compaction among the records of `slices` (one
+    partition's, in offset order)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
-    slices = list(StratalogReader(_read_options(plan)).partitions())
-    ids = spark.range(len(slices), numPartitions=max(1, len(slices)))
-    return ids.mapInArrow(_KeyColumns(slices, plan.spec), KEY_MAP_SCHEMA)
+    from stratalog.spark.reading import read_input
 
-
-def retained_offsets(spark, plan: Plan):
-    """DataFrame (group_id, offset) of the records that survive, plus one row with a null
-    offset per group so that groups with no survivors are rewritten too."""
-    from pyspark.sql import functions as F
-
-    records = key_map_records(spark, plan)
-    delete_before_us = (plan.now_ms - plan.settings.delete_retention_ms) * 1000
-    keyed = records.where(F.col("key").isNotNull())
-    newest = keyed.groupBy("partition", "key").agg(
-        F.max_by(F.struct(F.col("offset"), F.col("tombstone"), F.col("us")), F.col("offset")).alias("n"))
-    kept = (newest.where(~(F.col("n.tombstone") & (F.col("n.us") < F.lit(delete_before_us))))
-            .select("partition", F.col("n.offset").alias("offset")))
-    kept = kept.unionByName(records.where(F.col("key").isNull()).select("partition", "offset"))
-    bounds = spark.createDataFrame(
-        [(g.group_id, g.partition, g.base_offset, g.last_offset) for g in plan.groups],
-        "group_id int, partition int, lo long, hi long")
-    located = (kept.join(F.broadcast(bounds), (kept["partition"] == bounds["partition"])
-                         & kept["offset"].between(bounds["lo"], bounds["hi"]))
-               .select(bounds["group_id"], kept["offset"]))
-    placeholders = bounds.select("group_id", F.lit(None).cast("long").alias("offset"))
-    return located.unionByName(placeholders)
+    newest, keyless = [], []
+    for s in slices:
+        parts = []
+        for rows in read_input(s, spec):
+            keyed = pc.is_valid(rows.column("key"))
+            keyless.append(rows.column("offset").filter(pc.invert(keyed)).to_numpy())
+            rows = rows.filter(keyed)
+            parts.append(pa.table({"key": rows.column("key"), "offset": rows.column("offset"),
+                                   "tombstone": pc.is_null(rows.column("value")),
+                                   "us": rows.column("timestamp").cast(pa.int64())}))
+        if parts:
+            newest.append(_newest(pa.concat_tables(parts)))
+    kept = [np.zeros(0, np.int64), *keyless]
+    if newest:
+        table = _newest(pa.concat_tables(newest)) if len(newest) > 1 else newest[0]
+        expired = pc.and_(table.column("tombstone"), pc.less(table.column("us"), delete_before_us))
+        kept.append(table.column("offset").filter(pc.invert(expired)).to_numpy())
+    return np.sort(np.concatenate(kept))
 
 
 # ---- 3. rewrite ----------------------------------------------------------------------
-
-# Python ints become Arrow int64: every whole number here is a long.
-RESULT_SCHEMA = ("group_id long, partition long, base_offset long, last_offset long, key_base string, "
-                 "size long, min_timestamp long, max_timestamp long, leader_epoch long, "
-                 "records_in long, records_out long, bytes_in long, unchanged boolean")
 
 
 def _rebuilt(h: BatchHeader, kept: list) -> bytes:
@@ -347,7 +322,7 @@ def rewrite_group(store, group: Group, keep, index_interval_bytes: int,
     full only when some but not all of its records survive: the others are copied or
     dropped from their offsets alone.
     """
-    keep = np.unique(np.fromiter(keep, dtype=np.int64))
+    keep = np.unique(np.asarray(list(keep) if isinstance(keep, (set, frozenset)) else keep, dtype=np.int64))
     directory = Path(tempfile.mkdtemp(prefix=f"compact-{group.group_id}-", dir=workdir))
     try:
         out = ActiveSegment.create(directory, group.base_offset,
@@ -398,35 +373,54 @@ def rewrite_group(store, group: Group, keep, index_interval_bytes: int,
         shutil.rmtree(directory, ignore_errors=True)
 
 
-class _Rewriter:
-    """The per-group function Spark runs (picklable: plain data plus this module's code)."""
+_RESULT_FIELDS = [(name.split()[0], name.split()[1]) for name in
+                  ("group_id long, partition long, base_offset long, last_offset long, key_base string, "
+                   "size long, min_timestamp long, max_timestamp long, leader_epoch long, "
+                   "records_in long, records_out long, bytes_in long, unchanged boolean").split(", ")]
+RESULT_SCHEMA = ", ".join(f"{name} {kind}" for name, kind in _RESULT_FIELDS)
 
-    def __init__(self, plan: Plan) -> None:
+
+class _PartitionCompactor:
+    """The function Spark runs (`mapInArrow` over partition numbers; picklable: plain data
+    plus this module's code): a partition's key map, then each of its groups rewritten."""
+
+    def __init__(self, plan: Plan, slices: list) -> None:
         self.spec = plan.spec
-        self.groups = {g.group_id: g for g in plan.groups}
+        self.partitions = plan.partitions()  # by the task numbers of `rewrite`
+        self.groups = {p: plan.groups_of(p) for p in plan.partitions()}
+        self.slices = {p: sorted((s for s in slices if getattr(s, "partition", None) == p),
+                                 key=lambda s: s.start_offset) for p in plan.partitions()}
         self.interval = plan.settings.index_interval_bytes
         self.now_ms = plan.now_ms
+        self.delete_before_us = (plan.now_ms - plan.settings.delete_retention_ms) * 1000
 
-    def __call__(self, key, table):
+    def __call__(self, ids):
         import pyarrow as pa
 
-        group = self.groups[key[0].as_py()]
-        keep = table.column("offset").drop_null().to_numpy()
-        row = rewrite_group(self.spec.open(), group, keep, self.interval,
-                            Path(tempfile.gettempdir()), now_ms=self.now_ms)
-        return pa.Table.from_pylist([row])
+        kinds = {"long": pa.int64(), "string": pa.string(), "boolean": pa.bool_()}
+        schema = pa.schema([(name, kinds[kind]) for name, kind in _RESULT_FIELDS])
+        store = self.spec.open()
+        for chunk in ids:
+            for p in (self.partitions[i] for i in chunk.column(0).to_pylist()):
+                keep = surviving_offsets(self.slices[p], self.spec, self.delete_before_us)
+                for group in self.groups[p]:
+                    row = rewrite_group(store, group, keep, self.interval, Path(tempfile.gettempdir()),
+                                        now_ms=self.now_ms)
+                    yield pa.RecordBatch.from_pylist([row], schema=schema)
 
 
 def rewrite(spark, plan: Plan) -> list[dict]:
-    """Run steps 2 and 3 on Spark; one result row per group."""
+    """Run steps 2 and 3 on Spark, one task per partition; one result row per group."""
     if not plan.groups:
         return []
-    worker = _Rewriter(plan)
+    from stratalog.spark.datasource import StratalogReader
 
-    def per_group(key, table):  # Spark inspects the arity, which a bound __call__ hides
-        return worker(key, table)
-
-    rows = retained_offsets(spark, plan).groupBy("group_id").applyInArrow(per_group, RESULT_SCHEMA).collect()
+    slices = list(StratalogReader(_read_options(plan)).partitions())
+    partitions = plan.partitions()
+    worker = _PartitionCompactor(plan, slices)
+    # One Spark partition per topic partition: range's numbers are split evenly.
+    ids = spark.range(len(partitions), numPartitions=len(partitions))
+    rows = ids.mapInArrow(worker, RESULT_SCHEMA).collect()
     return [row.asDict() for row in rows]
 
 
