@@ -176,7 +176,7 @@ def breakdown(spark, spec, seg_bytes: int) -> list[tuple[str, float, int, int]]:
                         lambda: list(read_sync(reading._walk(s), reading.getter(store))))
         timed("CRC-32C", lambda: [crc_matches(b.data, b.header) for b in batches])
         plain = timed("decompression", lambda: [
-            bytes(b.data[HEADER_SIZE:]) if not b.header.compression
+            b.data[HEADER_SIZE:] if not b.header.compression  # read in place, as the reader does
             else codecs.decompress(b.header.compression, b.data[HEADER_SIZE:]) for b in batches])
         timed("record walk (length varints, Python)",
               lambda: [columns._record_starts(p, b.header.records_count) for p, b in zip(plain, batches)])
