@@ -308,7 +308,6 @@ def main() -> None:
         if not report.ok:
             print(f"warning: compaction did not finish everywhere: {report.results}", file=sys.stderr)
     finally:
-        print_table(rows, args)
         proc.terminate()
         try:
             proc.wait(30)
@@ -316,6 +315,7 @@ def main() -> None:
             proc.kill()
         if not args.keep:
             shutil.rmtree(run, ignore_errors=True)
+        print_table(rows, args)  # what was measured, also when a later step failed
 
 if __name__ == "__main__":
     main()
