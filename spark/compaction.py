@@ -389,7 +389,9 @@ class _PartitionCompactor:
         self.partitions = plan.partitions()  # by the task numbers of `rewrite`
         self.groups = {p: plan.groups_of(p) for p in plan.partitions()}
         self.slices = {p: sorted((s for s in slices if getattr(s, "partition", None) == p),
-                                 key=lambda s: s.start_offset) for p in plan.partitions()}
+                                 # a large segment's byte ranges share its start offset
+                                 key=lambda s: (s.start_offset, getattr(s, "byte_start", 0)))
+                       for p in plan.partitions()}
         self.interval = plan.settings.index_interval_bytes
         self.now_ms = plan.now_ms
         self.delete_before_us = (plan.now_ms - plan.settings.delete_retention_ms) * 1000
