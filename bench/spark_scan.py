@@ -10,6 +10,11 @@ produced with confluent-kafka and the benchmark waits until every record is in a
 segment. Figures count segment bytes (the `.log` objects) and records; each scan computes
 the same aggregate (count, total key and value bytes, max offset) so every row is decoded.
 Prints a table; never passes or fails on time.
+
+`--breakdown` also times, on the driver and in one process, each step an executor takes
+for the same slices (object reads, CRC, decompression, the record walk, column decoding,
+Arrow batches), and times Spark over a stand-in source that hands the JVM the same Arrow
+batches from memory: what is left of the scan is the hand-over and Spark's own work.
 """
 
 from __future__ import annotations
@@ -136,6 +141,94 @@ def spark_aggregate(df):
     return time.perf_counter() - started, row["n"], row["bytes"]
 
 
+def print_table(rows, args) -> None:
+    print(f"{'scan':40} {'seconds':>9} {'records':>11} {'MB/s':>9} {'records/s':>12}")
+    for name, secs, n, nbytes in rows:
+        print(f"{name:40} {secs:9.2f} {n:11d} {nbytes / 1e6 / secs:9.1f} {n / secs:12.0f}")
+    print(f"(MB/s counts segment bytes read or rewritten; master {args.master}, codec {args.codec}, "
+          f"{args.record_bytes}-byte records, {args.partitions} partitions)")
+
+
+def breakdown(spark, spec, seg_bytes: int) -> list[tuple[str, float, int, int]]:
+    """Each step of the executors' read, timed in this process over the scan's slices, and
+    Spark over the same Arrow batches from memory (one run each; the steps are run one
+    after another, so each includes the work of none of the others)."""
+    from stratalog.spark import columns, reading
+    from stratalog.spark.datasource import StratalogReader
+    from stratalog.tiering import compression as codecs
+    from stratalog.tiering.batch import HEADER_SIZE, crc_matches
+    from stratalog.tiering.sealed import read_sync
+
+    slices = StratalogReader({"topic": "scan", "path": spec.url}).partitions()
+    store = spec.open()
+    steps: dict[str, float] = {}
+
+    def timed(name, fn):
+        started = time.perf_counter()
+        value = fn()
+        steps[name] = steps.get(name, 0.0) + time.perf_counter() - started
+        return value
+
+    records = 0
+    arrow = []
+    for s in slices:
+        batches = timed("object reads and batch headers",
+                        lambda: list(read_sync(reading._walk(s), reading.getter(store))))
+        timed("CRC-32C", lambda: [crc_matches(b.data, b.header) for b in batches])
+        plain = timed("decompression", lambda: [
+            b.data[HEADER_SIZE:] if not b.header.compression  # read in place, as the reader does
+            else codecs.decompress(b.header.compression, b.data[HEADER_SIZE:]) for b in batches])
+        timed("record walk (length varints, Python)",
+              lambda: [columns._record_starts(p, b.header.records_count) for p, b in zip(plain, batches)])
+        out = timed("whole read (all of the above + columns + Arrow)",
+                    lambda: list(reading.records_of(s, iter(batches), "scan")))
+        records += sum(b.num_rows for b in out)
+        arrow.append(out)
+    rows = [(f"  in process: {name}", secs, records, seg_bytes) for name, secs in steps.items()]
+    rows.append(("  spark over the same Arrow batches", _replay(spark, arrow), records, seg_bytes))
+    return rows
+
+
+def _replay(spark, arrow: list[list]) -> float:
+    """Spark's time for the scan's aggregate over a source whose partitions yield the given
+    Arrow batches from memory: the JVM hand-over and Spark's own work, no reading."""
+    import pickle
+
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    from stratalog.spark.schema import SPARK_SCHEMA
+
+    held = Path(tempfile.mkdtemp(prefix="stratalog-replay-"))
+    for i, batches in enumerate(arrow):
+        (held / f"{i}.pickle").write_bytes(pickle.dumps(batches))
+    count = len(arrow)  # the reader is pickled to every task: it must not hold the batches
+
+    class Replay(DataSource):
+        @classmethod
+        def name(cls):
+            return "stratalog_replay"
+
+        def schema(self):
+            return SPARK_SCHEMA
+
+        def reader(self, schema):
+            return ReplayReader()
+
+    class ReplayReader(DataSourceReader):
+        def partitions(self):
+            return [InputPartition(i) for i in range(count)]
+
+        def read(self, partition):
+            yield from pickle.loads((held / f"{partition.value}.pickle").read_bytes())
+
+    spark.dataSource.register(Replay)
+    try:
+        spark_aggregate(spark.read.format("stratalog_replay").load())  # the workers import pyarrow once
+        return spark_aggregate(spark.read.format("stratalog_replay").load())[0]
+    finally:
+        shutil.rmtree(held, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gib", type=float, default=1.0, help="GiB of records to scan (default 1)")
@@ -146,6 +239,9 @@ def main() -> None:
                     help="GiB for the compaction run (default a quarter of --gib)")
     ap.add_argument("--master", default="local[*]")
     ap.add_argument("--keep", action="store_true", help="keep the run directory")
+    ap.add_argument("--breakdown", action="store_true", help="time each step of the scan (see above)")
+    ap.add_argument("--no-kafka", action="store_true", help="skip the consumer and Parquet scans")
+    ap.add_argument("--no-compact", action="store_true", help="skip the compaction run")
     args = ap.parse_args()
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -181,17 +277,22 @@ def main() -> None:
         secs, n, payload = spark_aggregate(reader.load(spec.url))
         rows.append(("spark: stratalog segments", secs, n, seg_bytes))
 
-        secs, n2, _ = kafka_scan(bootstrap, "scan", ends)
-        rows.append(("kafka consumer via gateway", secs, n2, seg_bytes))
+        if args.breakdown:
+            rows += breakdown(spark, spec, seg_bytes)
+        if not args.no_kafka:
+            secs, n2, _ = kafka_scan(bootstrap, "scan", ends)
+            rows.append(("kafka consumer via gateway", secs, n2, seg_bytes))
 
-        parquet = run / "scan.parquet"
-        reader.load(spec.url).write.parquet(str(parquet))
-        parquet_bytes = sum(f.stat().st_size for f in parquet.rglob("*.parquet"))
-        spark_aggregate(spark.read.parquet(str(parquet)).limit(1000))
-        secs, n3, _ = spark_aggregate(spark.read.parquet(str(parquet)))
-        rows.append((f"spark: parquet ({parquet_bytes / MiB:.0f} MiB)", secs, n3, seg_bytes))
-        if not n == n2 == n3 == count:
-            print(f"warning: record counts differ: {n}, {n2}, {n3}, produced {count}", file=sys.stderr)
+            parquet = run / "scan.parquet"
+            reader.load(spec.url).write.parquet(str(parquet))
+            parquet_bytes = sum(f.stat().st_size for f in parquet.rglob("*.parquet"))
+            spark_aggregate(spark.read.parquet(str(parquet)).limit(1000))
+            secs, n3, _ = spark_aggregate(spark.read.parquet(str(parquet)))
+            rows.append((f"spark: parquet ({parquet_bytes / MiB:.0f} MiB)", secs, n3, seg_bytes))
+            if not n == n2 == n3 == count:
+                print(f"warning: record counts differ: {n}, {n2}, {n3}, produced {count}", file=sys.stderr)
+        if args.no_compact:
+            return
 
         compact_total = int((args.compact_gib if args.compact_gib is not None else args.gib / 4) * 1024 * MiB)
         keys = max(1, compact_total // args.record_bytes // 10)  # ten versions of every key
@@ -214,13 +315,7 @@ def main() -> None:
             proc.kill()
         if not args.keep:
             shutil.rmtree(run, ignore_errors=True)
-
-    print(f"{'scan':40} {'seconds':>9} {'records':>11} {'MB/s':>9} {'records/s':>12}")
-    for name, secs, n, nbytes in rows:
-        print(f"{name:40} {secs:9.2f} {n:11d} {nbytes / 1e6 / secs:9.1f} {n / secs:12.0f}")
-    print(f"(MB/s counts segment bytes read or rewritten; master {args.master}, codec {args.codec}, "
-          f"{args.record_bytes}-byte records, {args.partitions} partitions)")
-
+        print_table(rows, args)  # what was measured, also when a later step failed
 
 if __name__ == "__main__":
     main()

@@ -8,11 +8,14 @@ The job follows Kafka's cleaner, with segments in the object store:
    open); the active segment and unsealed WAL data are never seen.
    Consecutive cleanable segments are grouped (up to ``segment.bytes`` of input, 2^31
    offsets) and each group gets a fresh key base for its rewrite.
-2. Key map (Spark). The cleanable offsets are read through the `stratalog` data source;
-   per (partition, key) the newest offset survives, unless that record is a tombstone
-   older than ``delete.retention.ms``. Keyless records are kept. The read is
-   read_committed: records of aborted transactions are removed.
-3. Rewrite (executors). Each group's segments are copied batch by batch: a batch whose
+2. Key map (executors, one task per partition). The cleanable offsets are read through
+   the `stratalog` data source's planning and reader, read_committed (records of aborted
+   transactions are removed); per key the newest offset survives, unless that record is a
+   tombstone older than ``delete.retention.ms``. Keyless records are kept. As in Kafka's
+   cleaner the map is built in memory, one partition at a time, so a worker holds one
+   entry per distinct key of its partition (Arrow's hash aggregation, per slice and then
+   over the slices); no shuffle, and no record crosses to the JVM.
+3. Rewrite (the same task, right after its partition's key map). Each group's segments are copied batch by batch: a batch whose
    records all survive is copied byte for byte; otherwise it is rebuilt with its surviving
    records, their offsets (offset deltas with gaps), timestamps, headers, codec, producer
    fields and its original last offset delta; a batch left empty is dropped, except the
@@ -46,6 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+import numpy as np
+
 from stratalog.tiering import layout
 from stratalog.tiering.batch import (LOG_APPEND_TIME, BatchHeader, CorruptBatch, build_batch, decode_records,
                            set_log_append_time)
@@ -53,6 +58,7 @@ from stratalog.tiering.manifest import SegmentRecord
 from stratalog.tiering.sealed import Batch, SegmentObject, Take, read_sync, walk
 from stratalog.tiering.segment import ActiveSegment
 
+from stratalog.spark.columns import NotVectorisable, batch_offsets
 from stratalog.spark.metadata import ManifestMetadata
 from stratalog.spark.objects import StoreSpec
 
@@ -220,53 +226,64 @@ def plan_compaction(spec: StoreSpec, topic: str, settings: Settings, *, now_ms: 
 # ---- 2. key map ----------------------------------------------------------------------
 
 
-def retained_offsets(spark, plan: Plan):
-    """DataFrame (group_id, offset) of the records that survive, plus one row with a null
-    offset per group so that groups with no survivors are rewritten too."""
-    from pyspark.sql import functions as F
-
-    from stratalog.spark.datasource import StratalogDataSource
-
-    spark.dataSource.register(StratalogDataSource)
-    # From the log start: records below it are already deleted, so no key map keeps them.
+def _read_options(plan: Plan) -> dict[str, str]:
+    """The `stratalog` read of the key map: every cleanable offset, read_committed."""
     last = {p: max(g.last_offset for g in plan.groups_of(p)) for p in plan.partitions()}
-    reader = (spark.read.format("stratalog").option("topic", plan.topic)
-              .option("topicId", str(plan.topic_id)).option("startingOffsets", "earliest")
-              # Aborted records never enter the key map, so they are removed, and never
-              # shadow an older committed value of their key (Kafka's cleaner does the same).
-              .option("kafka.isolation.level", "read_committed")
-              .option("endingOffsets", json.dumps({plan.topic: {str(p): o + 1 for p, o in last.items()}})))
+    options = {"topic": plan.topic, "topicId": str(plan.topic_id),
+               # From the log start: records below it are already deleted, so no key map keeps them.
+               "startingOffsets": "earliest",
+               # Aborted records never enter the key map, so they are removed, and never
+               # shadow an older committed value of their key (Kafka's cleaner does the same).
+               "kafka.isolation.level": "read_committed",
+               "assign": json.dumps({plan.topic: plan.partitions()}),
+               "endingOffsets": json.dumps({plan.topic: {str(p): o + 1 for p, o in last.items()}}),
+               "path": plan.spec.url}
     if plan.spec.endpoint:
-        reader = reader.option("endpoint", plan.spec.endpoint)
+        options["endpoint"] = plan.spec.endpoint
     if plan.spec.region:
-        reader = reader.option("region", plan.spec.region)
+        options["region"] = plan.spec.region
     if plan.spec.path_style is not None:
-        reader = reader.option("pathStyle", str(plan.spec.path_style).lower())
-    records = reader.load(plan.spec.url).where(F.col("partition").isin(plan.partitions()))
-    delete_before_us = (plan.now_ms - plan.settings.delete_retention_ms) * 1000
-    keyed = records.where(F.col("key").isNotNull())
-    newest = keyed.groupBy("partition", "key").agg(
-        F.max_by(F.struct(F.col("offset"), F.col("value").isNull().alias("tombstone"),
-                          F.unix_micros(F.col("timestamp")).alias("us")), F.col("offset")).alias("n"))
-    kept = (newest.where(~(F.col("n.tombstone") & (F.col("n.us") < F.lit(delete_before_us))))
-            .select("partition", F.col("n.offset").alias("offset")))
-    kept = kept.unionByName(records.where(F.col("key").isNull()).select("partition", "offset"))
-    bounds = spark.createDataFrame(
-        [(g.group_id, g.partition, g.base_offset, g.last_offset) for g in plan.groups],
-        "group_id int, partition int, lo long, hi long")
-    located = (kept.join(F.broadcast(bounds), (kept["partition"] == bounds["partition"])
-                         & kept["offset"].between(bounds["lo"], bounds["hi"]))
-               .select(bounds["group_id"], kept["offset"]))
-    placeholders = bounds.select("group_id", F.lit(None).cast("long").alias("offset"))
-    return located.unionByName(placeholders)
+        options["pathStyle"] = str(plan.spec.path_style).lower()
+    return options
+
+
+def _newest(table):
+    """Per key, the columns of its last row (rows in offset order)."""
+    # Without threads Arrow's "last" is the last row in input order.
+    newest = table.group_by("key", use_threads=False).aggregate(
+        [("offset", "last"), ("tombstone", "last"), ("us", "last")])
+    return newest.rename_columns({"offset_last": "offset", "tombstone_last": "tombstone", "us_last": "us"})
+
+
+def surviving_offsets(slices: list, spec: StoreSpec, delete_before_us: int) -> np.ndarray:
+    """The sorted offsets that survive compaction among the records of `slices` (one
+    partition's, in offset order)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from stratalog.spark.reading import read_input
+
+    newest, keyless = [], []
+    for s in slices:
+        parts = []
+        for rows in read_input(s, spec):
+            keyed = pc.is_valid(rows.column("key"))
+            keyless.append(rows.column("offset").filter(pc.invert(keyed)).to_numpy())
+            rows = rows.filter(keyed)
+            parts.append(pa.table({"key": rows.column("key"), "offset": rows.column("offset"),
+                                   "tombstone": pc.is_null(rows.column("value")),
+                                   "us": rows.column("timestamp").cast(pa.int64())}))
+        if parts:
+            newest.append(_newest(pa.concat_tables(parts)))
+    kept = [np.zeros(0, np.int64), *keyless]
+    if newest:
+        table = _newest(pa.concat_tables(newest)) if len(newest) > 1 else newest[0]
+        expired = pc.and_(table.column("tombstone"), pc.less(table.column("us"), delete_before_us))
+        kept.append(table.column("offset").filter(pc.invert(expired)).to_numpy())
+    return np.sort(np.concatenate(kept))
 
 
 # ---- 3. rewrite ----------------------------------------------------------------------
-
-# Python ints become Arrow int64: every whole number here is a long.
-RESULT_SCHEMA = ("group_id long, partition long, base_offset long, last_offset long, key_base string, "
-                 "size long, min_timestamp long, max_timestamp long, leader_epoch long, "
-                 "records_in long, records_out long, bytes_in long, unchanged boolean")
 
 
 def _rebuilt(h: BatchHeader, kept: list) -> bytes:
@@ -291,9 +308,21 @@ def _batches(store, seg) -> Iterator[Batch]:
     return read_sync(steps, lambda g: store.get(g.key, g.start, g.end))
 
 
-def rewrite_group(store, group: Group, keep: set[int], index_interval_bytes: int,
+def _kept(offsets: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """Which of `offsets` are in `keep` (sorted)."""
+    at = np.minimum(np.searchsorted(keep, offsets), max(len(keep) - 1, 0))
+    return keep[at] == offsets if len(keep) else np.zeros(len(offsets), dtype=bool)
+
+
+def rewrite_group(store, group: Group, keep, index_interval_bytes: int,
                   workdir: Path, *, now_ms: int) -> dict:
-    """Write the compacted segment of one group and upload it under `group.key_base`."""
+    """Write the compacted segment of one group and upload it under `group.key_base`.
+
+    `keep` holds the offsets that survive (any collection of ints). A batch is decoded in
+    full only when some but not all of its records survive: the others are copied or
+    dropped from their offsets alone.
+    """
+    keep = np.unique(np.asarray(list(keep) if isinstance(keep, (set, frozenset)) else keep, dtype=np.int64))
     directory = Path(tempfile.mkdtemp(prefix=f"compact-{group.group_id}-", dir=workdir))
     try:
         out = ActiveSegment.create(directory, group.base_offset,
@@ -308,14 +337,21 @@ def rewrite_group(store, group: Group, keep: set[int], index_interval_bytes: int
                 if h.is_control:
                     out.append(whole)
                     continue
-                records = decode_records(whole)  # checks the CRC before anything is copied
-                kept = [r for r in records if r.offset in keep]
-                records_in += len(records)
-                records_out += len(kept)
-                if len(kept) == len(records):
+                records = None
+                try:
+                    offsets = batch_offsets(h, whole)  # checks the CRC before anything is copied
+                except NotVectorisable:
+                    records = decode_records(whole)  # names what is wrong, or reads it
+                    offsets = np.array([r.offset for r in records], dtype=np.int64)
+                survives = _kept(offsets, keep)
+                count = int(survives.sum())
+                records_in += len(offsets)
+                records_out += count
+                if count == len(offsets):
                     out.append(whole)
-                elif kept or last_of_group:
-                    out.append(_rebuilt(h, kept))
+                elif count or last_of_group:
+                    records = decode_records(whole) if records is None else records
+                    out.append(_rebuilt(h, [r for r, kept in zip(records, survives) if kept]))
                     unchanged = False
                 else:
                     unchanged = False
@@ -337,35 +373,56 @@ def rewrite_group(store, group: Group, keep: set[int], index_interval_bytes: int
         shutil.rmtree(directory, ignore_errors=True)
 
 
-class _Rewriter:
-    """The per-group function Spark runs (picklable: plain data plus this module's code)."""
+_RESULT_FIELDS = [(name.split()[0], name.split()[1]) for name in
+                  ("group_id long, partition long, base_offset long, last_offset long, key_base string, "
+                   "size long, min_timestamp long, max_timestamp long, leader_epoch long, "
+                   "records_in long, records_out long, bytes_in long, unchanged boolean").split(", ")]
+RESULT_SCHEMA = ", ".join(f"{name} {kind}" for name, kind in _RESULT_FIELDS)
 
-    def __init__(self, plan: Plan) -> None:
+
+class _PartitionCompactor:
+    """The function Spark runs (`mapInArrow` over partition numbers; picklable: plain data
+    plus this module's code): a partition's key map, then each of its groups rewritten."""
+
+    def __init__(self, plan: Plan, slices: list) -> None:
         self.spec = plan.spec
-        self.groups = {g.group_id: g for g in plan.groups}
+        self.partitions = plan.partitions()  # by the task numbers of `rewrite`
+        self.groups = {p: plan.groups_of(p) for p in plan.partitions()}
+        self.slices = {p: sorted((s for s in slices if getattr(s, "partition", None) == p),
+                                 # a large segment's byte ranges share its start offset
+                                 key=lambda s: (s.start_offset, getattr(s, "byte_start", 0)))
+                       for p in plan.partitions()}
         self.interval = plan.settings.index_interval_bytes
         self.now_ms = plan.now_ms
+        self.delete_before_us = (plan.now_ms - plan.settings.delete_retention_ms) * 1000
 
-    def __call__(self, key, table):
+    def __call__(self, ids):
         import pyarrow as pa
 
-        group = self.groups[key[0].as_py()]
-        keep = {o for o in table.column("offset").to_pylist() if o is not None}
-        row = rewrite_group(self.spec.open(), group, keep, self.interval,
-                            Path(tempfile.gettempdir()), now_ms=self.now_ms)
-        return pa.Table.from_pylist([row])
+        kinds = {"long": pa.int64(), "string": pa.string(), "boolean": pa.bool_()}
+        schema = pa.schema([(name, kinds[kind]) for name, kind in _RESULT_FIELDS])
+        store = self.spec.open()
+        for chunk in ids:
+            for p in (self.partitions[i] for i in chunk.column(0).to_pylist()):
+                keep = surviving_offsets(self.slices[p], self.spec, self.delete_before_us)
+                for group in self.groups[p]:
+                    row = rewrite_group(store, group, keep, self.interval, Path(tempfile.gettempdir()),
+                                        now_ms=self.now_ms)
+                    yield pa.RecordBatch.from_pylist([row], schema=schema)
 
 
 def rewrite(spark, plan: Plan) -> list[dict]:
-    """Run steps 2 and 3 on Spark; one result row per group."""
+    """Run steps 2 and 3 on Spark, one task per partition; one result row per group."""
     if not plan.groups:
         return []
-    worker = _Rewriter(plan)
+    from stratalog.spark.datasource import StratalogReader
 
-    def per_group(key, table):  # Spark inspects the arity, which a bound __call__ hides
-        return worker(key, table)
-
-    rows = retained_offsets(spark, plan).groupBy("group_id").applyInArrow(per_group, RESULT_SCHEMA).collect()
+    slices = list(StratalogReader(_read_options(plan)).partitions())
+    partitions = plan.partitions()
+    worker = _PartitionCompactor(plan, slices)
+    # One Spark partition per topic partition: range's numbers are split evenly.
+    ids = spark.range(len(partitions), numPartitions=len(partitions))
+    rows = ids.mapInArrow(worker, RESULT_SCHEMA).collect()
     return [row.asDict() for row in rows]
 
 

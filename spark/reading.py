@@ -15,17 +15,24 @@ from __future__ import annotations
 
 from typing import Iterator
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from stratalog.tiering import layout
 from stratalog.tiering.batch import LOG_APPEND_TIME, BatchHeader, CorruptBatch, decode_records
 from stratalog.tiering.sealed import Batch, CorruptSegment, Get, SegmentObject, Take, read_sync, walk
 
 from stratalog.spark.objects import ObjectNotFound, StoreSpec
 from stratalog.spark.planning import DataLoss, SegmentSlice, WalSlice
-from stratalog.spark.schema import ArrowColumns
+from stratalog.spark.columns import BatchColumns, Decoded, NotVectorisable
+from stratalog.spark.schema import ARROW_SCHEMA, TIMESTAMP_TYPE, ArrowColumns
 
 __all__ = ["CorruptSegment", "read_input", "read_slice"]
 
+# Rows (or decompressed bytes) decoded together and handed to Spark as one Arrow batch.
 ROWS_PER_BATCH = 8192
+BYTES_PER_BATCH = 16 << 20
 
 
 def _gone(s: SegmentSlice, key: str) -> DataLoss:
@@ -100,10 +107,59 @@ def _walk(s: SegmentSlice):
 
 def records_of(s: SegmentSlice | WalSlice, batches: Iterator[Batch], key: str) -> Iterator:
     """Arrow record batches of the slice's records in `batches` (read from object `key`),
-    each batch's CRC checked as it is decoded."""
-    out = ArrowColumns(s.topic, s.partition)
-    seek_ts, stop_ts = s.seek_ts, s.stop_ts
-    start_offset, end_offset = s.start_offset, s.end_offset
+    each batch's CRC checked as it is decoded.
+
+    Batches are decoded column-wise (`spark.columns`) in groups of about ROWS_PER_BATCH
+    records; the offset and timestamp bounds then select rows with NumPy.
+    """
+    select = _Selection(s)
+    pending = BatchColumns()
+    held: list[Batch] = []  # the batches in `pending`, for the reference decoder
+    for batch in batches:
+        h = batch.header
+        if not pending.continues(batch.data):  # the next read buffer: decode what lies in the last
+            yield from select.rows(_decoded(pending, held, key))
+            if select.stopped:
+                return
+            pending.clear()
+            held = []
+        try:
+            pending.add(h, batch.data)
+        except (CorruptBatch, NotVectorisable):
+            yield from select.rows(_decoded(pending, held, key))
+            if select.stopped:
+                return
+            pending.clear()
+            held = []
+            yield from select.rows(_reference([batch], key))
+            if select.stopped:
+                return
+            continue
+        held.append(batch)
+        # A batch that may hold the stop timestamp is decoded at once, so the read stops
+        # where it did when every batch was decoded as it came.
+        reaches_stop = select.stop_ts is not None and h.max_timestamp >= select.stop_ts
+        if pending.rows >= ROWS_PER_BATCH or pending.nbytes >= BYTES_PER_BATCH or reaches_stop:
+            yield from select.rows(_decoded(pending, held, key))
+            if select.stopped:
+                return
+            pending.clear()
+            held = []
+    yield from select.rows(_decoded(pending, held, key))
+
+
+def _decoded(pending: BatchColumns, held: list[Batch], key: str) -> Decoded | None:
+    if not pending.rows:
+        return None
+    try:
+        return pending.decode()
+    except NotVectorisable:
+        return _reference(held, key)
+
+
+def _reference(batches: list[Batch], key: str) -> Decoded | None:
+    """The batches read by `tiering.batch.decode_records`, which names what is wrong."""
+    out = ArrowColumns("", 0)
     for batch in batches:
         h = batch.header
         try:
@@ -112,36 +168,59 @@ def records_of(s: SegmentSlice | WalSlice, batches: Iterator[Batch], key: str) -
             raise CorruptSegment(f"{key} batch at byte {batch.position} "
                                  f"(offset {h.base_offset}): {exc}", key=key,
                                  position=batch.position, offset=h.base_offset) from exc
-        timestamp_type = 1 if h.timestamp_type == LOG_APPEND_TIME else 0
-        if stop_ts is None and seek_ts is None and start_offset <= h.base_offset and h.last_offset < end_offset:
-            out.extend(records, timestamp_type)  # the common case: every record counts
-        else:
-            stopped, seek_ts = _add_filtered(out, records, timestamp_type, s, seek_ts, stop_ts)
-            if stopped:
-                yield from out.flush()
+        out.extend(records, 1 if h.timestamp_type == LOG_APPEND_TIME else 0)
+    if not out.rows:
+        return None
+    rows = next(out.flush())
+    micros = rows.column("timestamp").cast(pa.int64()).to_numpy()
+    return Decoded(rows.column("offset").to_numpy(), micros // 1000, rows.column("timestampType").to_numpy(),
+                   rows.column("key"), rows.column("value"), rows.column("headers"))
+
+
+class _Selection:
+    """The slice's bounds applied to decoded rows, in log order: offsets in
+    [start_offset, end_offset); with a seek timestamp, rows from the first at or after it
+    (every later row counts whatever its time); with a stop timestamp, rows before the
+    first at or after it, where the read ends (`stopped`)."""
+
+    def __init__(self, s: SegmentSlice | WalSlice) -> None:
+        self.topic, self.partition = s.topic, s.partition
+        self.start_offset, self.end_offset = s.start_offset, s.end_offset
+        self.seek_ts, self.stop_ts = s.seek_ts, s.stop_ts
+        self.stopped = False
+
+    def rows(self, d: Decoded | None) -> Iterator:
+        if d is None or not len(d):
+            return
+        lo, hi = 0, len(d)
+        if self.seek_ts is not None:
+            reached = np.flatnonzero(d.timestamps >= self.seek_ts)
+            if not len(reached):
                 return
-        if out.rows >= ROWS_PER_BATCH:
-            yield from out.flush()
-    yield from out.flush()
+            lo, self.seek_ts = int(reached[0]), None
+        if self.stop_ts is not None:
+            past = np.flatnonzero(d.timestamps[lo:] >= self.stop_ts)
+            if len(past):
+                hi, self.stopped = lo + int(past[0]), True
+        wanted = np.zeros(len(d), dtype=bool)
+        wanted[lo:hi] = True
+        wanted &= (d.offsets >= self.start_offset) & (d.offsets < self.end_offset)
+        if not wanted.any():
+            return
+        yield self.batch(d, None if wanted.all() else pa.array(np.flatnonzero(wanted)))
 
-
-def _add_filtered(out: ArrowColumns, records, timestamp_type: int, s: SegmentSlice | WalSlice,
-                  seek_ts: int | None, stop_ts: int | None) -> tuple[bool, int | None]:
-    """Add the records of one batch within the slice's offsets and timestamps.
-
-    Returns whether `stop_ts` was reached, and the seek timestamp still pending (None once
-    the first record at or after it was seen: every later record counts whatever its time).
-    """
-    start_offset, end_offset = s.start_offset, s.end_offset
-    for r in records:
-        offset, ts = r.offset, r.timestamp
-        if seek_ts is not None:
-            if ts < seek_ts:
-                continue
-            seek_ts = None
-        if stop_ts is not None and ts >= stop_ts:
-            return True, seek_ts
-        if offset < start_offset or offset >= end_offset:
-            continue
-        out.add(r.key, r.value, offset, ts, timestamp_type, r.headers)
-    return False, seek_ts
+    def batch(self, d: Decoded, rows) -> pa.RecordBatch:
+        columns = [d.keys, d.values, d.offsets, d.timestamps, d.timestamp_types, d.headers]
+        if rows is not None:
+            columns = [c.take(rows) if isinstance(c, pa.Array) else c[rows.to_numpy()] for c in columns]
+        keys, values, offsets, millis, types, headers = columns
+        n = len(offsets)
+        return pa.RecordBatch.from_arrays([
+            keys, values,
+            pa.repeat(pa.scalar(self.topic, pa.string()), n),
+            pa.repeat(pa.scalar(self.partition, pa.int32()), n),
+            pa.array(offsets, pa.int64()),
+            pc.multiply_checked(pa.array(millis, pa.int64()), 1000).cast(TIMESTAMP_TYPE),
+            pa.array(types, pa.int32()),
+            headers,
+        ], schema=ARROW_SCHEMA)
