@@ -325,8 +325,18 @@ class Broker:
         instead of UNKNOWN_TOPIC_OR_PARTITION until the next tick. Requests that arrive while
         a reload runs share it (a reload with nothing changed reads two small coordinator
         ranges and decodes nothing)."""
-        if all(n is None or n in self.table.by_name for n in names) and all(i in self.topics_by_id for i in ids):
+        def known() -> bool:
+            return all(n is None or n in self.table.by_name for n in names) and \
+                all(i in self.topics_by_id for i in ids)
+        if known():
             return
+        joined = self._topic_reload is not None
+        await self._shared_topic_reload()
+        if joined and not known():
+            # The reload joined may have read the coordinator before the topic was made.
+            await self._shared_topic_reload()
+
+    async def _shared_topic_reload(self) -> None:
         if self._topic_reload is None:
             self._topic_reload = asyncio.ensure_future(self._load_topics())
             self._topic_reload.add_done_callback(self._topic_reload_done)

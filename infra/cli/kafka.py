@@ -10,12 +10,20 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import os
+import time
 from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ClusterMetadata, TopicMetadata
 
 from stratalog.infra.cli.common import CliError, key_value, positive_float
+
+TOPIC_SYNC_ATTEMPTS = 4
+TOPIC_SYNC_PAUSE_S = 0.5
+
+
+def _unknown(topic: TopicMetadata) -> bool:
+    return topic.error is not None and topic.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_TIMEOUT = 10.0
@@ -171,10 +179,22 @@ class Cluster:
         except (KafkaException, RuntimeError):
             pass
 
+    def existing_topic(self, client, name: str) -> tuple[ClusterMetadata, TopicMetadata]:
+        """The cluster's metadata and the topic's; asked again for a moment when the topic is
+        missing, since a gateway learns of a topic created through another one within its
+        next sync (Kafka's brokers likewise learn of new topics shortly after the controller)."""
+        for _ in range(TOPIC_SYNC_ATTEMPTS - 1):
+            metadata = self.metadata(client)
+            if name in metadata.topics and not _unknown(metadata.topics[name]):
+                return metadata, self.topic(metadata, name)
+            time.sleep(TOPIC_SYNC_PAUSE_S)
+        metadata = self.metadata(client)
+        return metadata, self.topic(metadata, name)
+
     def topic(self, metadata: ClusterMetadata, name: str) -> TopicMetadata:
         """The topic's metadata; a clear error if it does not exist."""
         topic = metadata.topics.get(name)
-        if topic is None or (topic.error is not None and topic.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+        if topic is None or _unknown(topic):
             raise CliError(f"topic {name!r} does not exist")
         if topic.error is not None:
             raise CliError(f"topic {name!r}: {reason(topic.error)}")

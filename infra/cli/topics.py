@@ -119,10 +119,11 @@ def run_list(args: argparse.Namespace) -> int:
 def run_describe(args: argparse.Namespace) -> int:
     cluster = Cluster.from_args(args)
     admin = cluster.admin()
-    metadata = cluster.metadata(admin)
     if args.name is not None:
-        names = [cluster.topic(metadata, args.name).topic]
+        metadata, topic = cluster.existing_topic(admin, args.name)
+        names = [topic.topic]
     else:
+        metadata = cluster.metadata(admin)
         names = sorted(metadata.topics)
     configs = _topic_configs(cluster, admin, names, args.all_configs)
     for i, name in enumerate(names):
@@ -191,7 +192,7 @@ def run_alter(args: argparse.Namespace) -> int:
         raise CliError("nothing to alter: give --config, --delete-config or --partitions")
     cluster = Cluster.from_args(args)
     admin = cluster.admin()
-    topic = cluster.topic(cluster.metadata(admin), args.name)
+    _, topic = cluster.existing_topic(admin, args.name)
     if args.partitions is not None and args.partitions <= len(topic.partitions):
         raise CliError(f"topic {args.name!r} has {len(topic.partitions)} partitions; "
                        f"--partitions can only grow it, got {args.partitions}")
@@ -226,7 +227,7 @@ def run_alter(args: argparse.Namespace) -> int:
 def run_delete(args: argparse.Namespace) -> int:
     cluster = Cluster.from_args(args)
     admin = cluster.admin()
-    cluster.topic(cluster.metadata(admin), args.name)
+    cluster.existing_topic(admin, args.name)
     future = admin.delete_topics([args.name], request_timeout=cluster.timeout)[args.name]
     cluster.wait(future, f"cannot delete topic {args.name!r}")
     print(f"deleted topic {args.name!r}")
