@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"strings"
 
 	"github.com/Shopify/sarama"
 )
@@ -10,11 +9,7 @@ import (
 // admin walks the ClusterAdmin through a topic's life: create it with configs (twice: the
 // second must fail), list it, describe its configs and the cluster, delete it, list again.
 func admin() error {
-	c, err := config()
-	if err != nil {
-		return err
-	}
-	adm, err := sarama.NewClusterAdmin(strings.Split(opts.brokers, ","), c)
+	adm, err := clusterAdmin()
 	if err != nil {
 		return err
 	}

@@ -298,11 +298,7 @@ func consume() error {
 
 // deleteRecords moves the partition's log start to -offset with ClusterAdmin.DeleteRecords.
 func deleteRecords() error {
-	c, err := config()
-	if err != nil {
-		return err
-	}
-	adm, err := sarama.NewClusterAdmin(strings.Split(opts.brokers, ","), c)
+	adm, err := clusterAdmin()
 	if err != nil {
 		return err
 	}
@@ -369,4 +365,13 @@ func offsetAt() error {
 	}
 	emit(map[string]interface{}{"ev": "offset-at", "at": opts.at, "o": offset})
 	return nil
+}
+
+// clusterAdmin opens a ClusterAdmin on the brokers with the scenario's settings.
+func clusterAdmin() (sarama.ClusterAdmin, error) {
+	c, err := config()
+	if err != nil {
+		return nil, err
+	}
+	return sarama.NewClusterAdmin(strings.Split(opts.brokers, ","), c)
 }
