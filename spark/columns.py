@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from stratalog.spark.schema import HEADER_TYPE, headers_column
 from stratalog.tiering import compression as codecs
 from stratalog.tiering.batch import HEADER_SIZE, LOG_APPEND_TIME, BatchHeader, CorruptBatch, crc_matches
 
@@ -286,9 +287,8 @@ def _headers(buf: np.ndarray, joined: bytes, pos: np.ndarray, end: np.ndarray,
             names.validate(full=True)  # UTF-8
         except pa.ArrowInvalid:
             raise NotVectorisable() from None
-    pairs = pa.StructArray.from_arrays([names, _binary(data, value_pos, value_len)],
-                                       fields=[pa.field("key", pa.string()), pa.field("value", pa.binary())])
-    return pa.ListArray.from_arrays(pa.array(list_offsets), pairs), pos
+    pairs = pa.StructArray.from_arrays([names, _binary(data, value_pos, value_len)], fields=list(HEADER_TYPE))
+    return headers_column(list_offsets, pairs), pos
 
 
 def _binary(data: pa.Buffer, starts: np.ndarray, lengths: np.ndarray, kind: pa.DataType = _BINARY) -> pa.Array:

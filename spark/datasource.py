@@ -20,10 +20,10 @@ from __future__ import annotations
 from pyspark.sql.datasource import DataSource, DataSourceReader
 
 from stratalog.spark.metadata import open_metadata
-from stratalog.spark.options import parse_options
+from stratalog.spark.options import include_headers, parse_options
 from stratalog.spark.planning import plan
-from stratalog.spark.reading import read_input
-from stratalog.spark.schema import SPARK_SCHEMA
+from stratalog.spark.reading import read_rows
+from stratalog.spark.schema import spark_schema
 
 NAME = "stratalog"
 
@@ -37,7 +37,7 @@ class StratalogDataSource(DataSource):
         return NAME
 
     def schema(self):
-        return SPARK_SCHEMA
+        return spark_schema(include_headers(self.options))
 
     def reader(self, schema) -> "StratalogReader":
         return StratalogReader(dict(self.options))
@@ -82,4 +82,4 @@ class StratalogReader(DataSourceReader):
                 meta.close()
 
     def read(self, partition):
-        return read_input(partition, self.options.store)
+        return read_rows(partition, self.options)

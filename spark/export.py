@@ -219,7 +219,11 @@ def export(spark, object_store_url: str, topic: str, to: str, *, fmt: str = "par
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
-    df = decoded(reader.load(object_store_url), value_format, schema_path)
+    rows = reader.load(object_store_url)
+    # The source gives null headers for a record without any; exported files keep the
+    # empty array they always had (a JSON line would otherwise lose the field).
+    rows = rows.withColumn("headers", F.coalesce("headers", F.array().cast(rows.schema["headers"].dataType)))
+    df = decoded(rows, value_format, schema_path)
     observed = Observation("stratalog-export")
     df.observe(observed, F.count(F.lit(1)).alias("rows")).write.mode(mode).format(fmt).save(to)
     return int(observed.get["rows"])

@@ -23,6 +23,7 @@ Names follow Spark's Kafka source where it has the option:
     maxBytesPerPartition  split larger segments into byte ranges (default 128 MiB)
     readChunkBytes      size of each ranged GET (default 8 MiB)
     maxOffsetsPerTrigger  stream: cap on records per micro-batch, spread over partitions
+    includeHeaders      true (default): the headers column; false leaves it out (cheaper)
 
 With a coordinator, reads reach the high watermark (sealed segments, then the committed
 WAL ranges after them); from manifests alone only sealed segments are visible. Filters in queries are evaluated by Spark, not pushed down
@@ -86,6 +87,7 @@ class ReadOptions:
     max_offsets_per_trigger: int | None
     partitions: frozenset[int] | None = None  # `assign`: only these; None: every partition
     read_committed: bool = False  # kafka.isolation.level=read_committed
+    include_headers: bool = True  # includeHeaders=false leaves the headers column out
 
 
 class _Lower(dict):
@@ -237,7 +239,14 @@ def parse_options(options: Mapping[str, str], *, streaming: bool = False) -> Rea
         max_offsets_per_trigger=_positive(options, "maxOffsetsPerTrigger", None),
         partitions=partitions,
         read_committed=_isolation(options),
+        include_headers=include_headers(options),
     )
+
+
+def include_headers(options: Mapping[str, str]) -> bool:
+    """The includeHeaders option. Spark's Kafka source leaves headers out unless asked;
+    this source has always had the column, so it stays unless turned off."""
+    return bool(_bool(_Lower(options), "includeHeaders", True))
 
 
 def _coordinator(value, store: StoreSpec) -> str | None:

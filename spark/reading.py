@@ -26,9 +26,9 @@ from stratalog.tiering.sealed import Batch, CorruptSegment, Get, SegmentObject, 
 from stratalog.spark.objects import ObjectNotFound, StoreSpec
 from stratalog.spark.planning import DataLoss, SegmentSlice, WalSlice
 from stratalog.spark.columns import BatchColumns, Decoded, NotVectorisable
-from stratalog.spark.schema import ARROW_SCHEMA, TIMESTAMP_TYPE, ArrowColumns
+from stratalog.spark.schema import ARROW_SCHEMA, TIMESTAMP_TYPE, ArrowColumns, without_headers
 
-__all__ = ["CorruptSegment", "read_input", "read_slice"]
+__all__ = ["CorruptSegment", "read_input", "read_rows", "read_slice"]
 
 # Rows (or decompressed bytes) decoded together and handed to Spark as one Arrow batch.
 ROWS_PER_BATCH = 8192
@@ -45,6 +45,13 @@ class _Missing(Exception):
     def __init__(self, key: str) -> None:
         super().__init__(key)
         self.key = key
+
+
+def read_rows(partition, options) -> Iterator:
+    """The Arrow record batches a read hands Spark for one input partition: `read_input`'s,
+    without the headers column when the read's options leave it out."""
+    batches = read_input(partition, options.store)
+    return batches if options.include_headers else without_headers(batches)
 
 
 def read_input(partition, spec: StoreSpec, store=None) -> Iterator:

@@ -129,9 +129,9 @@ class StratalogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return slices
 
     def read(self, partition):
-        from stratalog.spark.reading import read_input
+        from stratalog.spark.reading import read_rows
 
-        return read_input(partition, self.options.store)
+        return read_rows(partition, self.options)
 
     def stop(self) -> None:
         """Close the coordinator connection the triggers shared."""

@@ -84,7 +84,7 @@ def read_rows(s: SegmentSlice, batches: list[Batch]) -> list[tuple]:
     table = pa.Table.from_batches(list(records_of(s, iter(batches), KEY)), schema=ARROW_SCHEMA)
     micros = table.column("timestamp").cast(pa.int64()).to_pylist()
     return [(row["key"], row["value"], row["offset"], us // 1000, row["timestampType"],
-             [(h["key"], h["value"]) for h in row["headers"]])
+             [(h["key"], h["value"]) for h in row["headers"] or ()])
             for row, us in zip(table.to_pylist(), micros)]
 
 

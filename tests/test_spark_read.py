@@ -224,6 +224,28 @@ def test_log_append_time_is_reported(spark, file_cluster):
     assert all(r.timestamp > BASE_TS + RECORDS * 1000 for r in got)  # broker time, not ours
 
 
+def test_headers_are_null_exactly_for_records_without_any(spark, file_cluster):
+    # As Spark's Kafka source gives them: null, not an empty array.
+    for topic in ("codec-none", "codec-zstd"):
+        rows = file_cluster.read(spark, topic).select("partition", "offset", "headers").collect()
+        truth = {(r.partition, r.offset): r.headers for r in file_cluster.truth[topic]}
+        assert len(rows) == len(truth) == RECORDS
+        for r in rows:
+            expected = truth[(r["partition"], r["offset"])]
+            assert (r["headers"] is None) == (not expected), (topic, r)
+
+
+def test_include_headers_false_leaves_the_column_out(spark, file_cluster):
+    df = file_cluster.read(spark, "codec-lz4", includeHeaders="false")
+    assert df.columns == ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
+    got = sorted((r["partition"], r["offset"], r["value"]) for r in df.collect())
+    truth = sorted((r.partition, r.offset, r.value) for r in file_cluster.truth["codec-lz4"])
+    assert got == truth
+    assert file_cluster.read(spark, "codec-lz4", includeHeaders="true").columns[-1] == "headers"
+    with pytest.raises(Exception, match="includeHeaders"):
+        file_cluster.read(spark, "codec-lz4", includeHeaders="maybe").collect()
+
+
 def test_auto_discovery_module_names_the_source():
     import pyspark_stratalog
 
