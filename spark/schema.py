@@ -64,9 +64,8 @@ def spark_schema(include_headers: bool) -> StructType:
 
 def headers_column(list_offsets, pairs: pa.StructArray) -> pa.ListArray:
     """Each record's headers from `pairs` (every record's, in order) and where each record's
-    start (one more offset than records); null for a record with none. Besides being what
-    Spark's Kafka source gives, a null costs the JVM's conversion to rows far less than an
-    empty array, which made the headers column most of a scan's hand-over."""
+    start (one more offset than records); null for a record with none, as Spark's Kafka
+    source gives it."""
     starts = np.asarray(list_offsets, dtype=np.int32)
     empty = starts[1:] == starts[:-1]
     return pa.ListArray.from_arrays(pa.array(starts), pairs, type=HEADERS_TYPE,
@@ -75,7 +74,7 @@ def headers_column(list_offsets, pairs: pa.StructArray) -> pa.ListArray:
 
 def without_headers(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The batches of a read with includeHeaders=false: the column is left out before
-    the hand-over to the JVM, where it would cost most."""
+    the hand-over to the JVM."""
     for batch in batches:
         yield batch.drop_columns([HEADERS])
 
