@@ -7,7 +7,8 @@ appends the marker to each pending partition it leads, waits for the marker's WA
 (fenced by the leader epoch like any append), and removes those partitions from
 `pending` by compare-and-swap. Whoever empties `pending` completes the transaction: the
 group offsets it committed are applied (commit) or dropped (abort), then the state becomes
-CompleteCommit or CompleteAbort. So a transaction decided by a gateway that then died is
+CompleteCommit or CompleteAbort (or, when the producer's next request is held on this
+gateway waiting for it, that request's new state, in the same write: `held`). So a transaction decided by a gateway that then died is
 finished by the leaders of its partitions; a partition whose leader died gets its marker
 from the next leader, which sees the transaction still pending (a sweep every
 SWEEP_INTERVAL_S looks again at every undecided state).
