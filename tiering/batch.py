@@ -234,7 +234,7 @@ def crc_matches(batch: memoryview, header: BatchHeader) -> bool:
 def require_crc(batch: memoryview, header: BatchHeader, pos: int) -> None:
     """CorruptBatch unless the CRC-32C of one whole batch matches (`pos`: where it starts
     among the batches it came with, for the message)."""
-    if crc32c.crc32c(batch[_ATTRIBUTES_OFFSET:header.size]) != header.crc:
+    if not crc_matches(batch, header):
         raise CorruptBatch(f"CRC mismatch in batch at position {pos} (base offset {header.base_offset})")
 
 
