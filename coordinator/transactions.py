@@ -8,8 +8,6 @@ overwrites a change it did not see. The state machine (Kafka's, KIP-98):
 
     Empty --AddPartitions/AddOffsets--> Ongoing --EndTxn--> PrepareCommit | PrepareAbort
     Prepare* --every marker written, offsets applied--> CompleteCommit | CompleteAbort
-      (or straight to the state the producer's next request makes from Complete*, when
-      that request was waiting for the markers: one write for both)
     Complete* / Empty --AddPartitions--> Ongoing ...
 
 `pending` lists the partitions still waiting for their marker while a Prepare* state

@@ -357,30 +357,6 @@ def test_rule_breaking_transactional_requests_get_kafkas_errors_and_write_nothin
     assert read_values(gateway.bootstrap, topic, 2, "read_committed") == {0: [], 1: []}
 
 
-def test_back_to_back_transactions_never_see_concurrent_transactions(gateway):
-    """EndTxn is answered at the decision; the next transaction's AddPartitionsToTxn, sent
-    at once, waits for the markers instead of being told CONCURRENT_TRANSACTIONS, and
-    every transaction's records end up committed (or aborted) in order."""
-    topic = _topic("b2b")
-    _create(gateway.bootstrap, topic)
-    raw = Raw(gateway)
-    tid = _topic("tid")
-    got = raw.init(tid)
-    pid, epoch = got.producer_id, got.producer_epoch
-    for n in range(6):
-        assert raw.add_partitions(tid, pid, epoch, topic, [0, 1]) == {0: E.NONE, 1: E.NONE}
-        for p in (0, 1):
-            batch = build_batch([(None, f"{n}-{p}".encode(), [])], producer_id=pid, producer_epoch=epoch,
-                                base_sequence=n, is_transactional=True)
-            assert raw.produce(topic, p, batch, tid) == E.NONE
-        assert raw.end(tid, pid, epoch, commit=n != 3) == E.NONE
-    # InitProducerId right after an EndTxn is held the same way (the epoch is bumped).
-    again = raw.init(tid, pid=pid, epoch=epoch)
-    assert again.error_code == E.NONE and again.producer_epoch == epoch + 1
-    assert read_values(gateway.bootstrap, topic, 2, "read_committed") == {
-        p: [f"{n}-{p}".encode() for n in (0, 1, 2, 4, 5)] for p in (0, 1)}
-
-
 def test_transactions_and_producers_are_described(gateway):
     topic = _topic("describe")
     _create(gateway.bootstrap, topic)

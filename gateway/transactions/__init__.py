@@ -1,6 +1,5 @@
-"""Transactions (KIP-98): the coordinator's state machine (`coordinator`), the markers
-that end a decided transaction on its partitions (`markers`), and the requests held while
-they are written (`held`)."""
+"""Transactions (KIP-98): the coordinator's state machine (`coordinator`) and the markers
+that end a decided transaction on its partitions (`markers`)."""
 
 from .coordinator import ProducerIdAndEpoch, TransactionCoordinator, TxnError
 from .markers import MarkerWriter

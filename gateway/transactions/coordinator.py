@@ -18,19 +18,20 @@ from stratalog.coordinator.model import CommittedOffset
 from stratalog.coordinator.transactions import TopicPartition, TxnState, TxnStatus
 from stratalog.gateway.protocol.error_codes import ErrorCode
 
-from .errors import BeingCompleted, TxnError
-from .held import HeldRequests
-
 log = logging.getLogger(__name__)
 
 E = ErrorCode
 MAX_EPOCH = 0x7FFF - 1  # an epoch past this takes a new producer id (Kafka's rule)
 CAS_ATTEMPTS = 20
-# How long a request finding the previous transaction still being completed (its markers
-# being written) is held before it is told CONCURRENT_TRANSACTIONS, the retriable answer.
-# Markers take a WAL flush or two; a client's request timeout is far longer (librdkafka
-# and the Java client: 30 s and more).
-PREPARED_HOLD_S = 5.0
+END_TXN_WAIT_S = 1.0
+
+
+class TxnError(Exception):
+    """An operation answered with a Kafka error code."""
+
+    def __init__(self, code: ErrorCode, message: str = ""):
+        super().__init__(message or code.name)
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -48,61 +49,38 @@ class TransactionCoordinator:
     now_ms : the wall clock in milliseconds.
     max_timeout_ms : transaction.max.timeout.ms.
     prepared : told of every state that entered PrepareCommit/PrepareAbort, so markers
-        are written at once where this gateway leads partitions.
+        are written at once where this gateway leads partitions; returns the work (a
+        task) when there is some here, or None.
     """
 
     def __init__(self, store, *, new_producer_id: Callable[[], Awaitable[int]],
                  now_ms: Callable[[], int], max_timeout_ms: int,
-                 prepared: Callable[[TxnState], object] = lambda s: None):
+                 prepared: Callable[[TxnState], "asyncio.Future | None"] = lambda s: None):
         self.store = store
         self.new_producer_id = new_producer_id
         self.now_ms = now_ms
         self.max_timeout_ms = max_timeout_ms
         self.prepared = prepared
-        self.held = HeldRequests()
-
-    def changed(self, transactional_id: str) -> None:
-        """A transactional id's state changed (the gateway's watch of the states): the
-        requests held on it read it again."""
-        self.held.changed(transactional_id)
 
     async def _update(self, transactional_id: str,
                       decide: Callable[[TxnState | None], TxnState | None]) -> TxnState | None:
         """Read, decide, compare-and-swap, until the swap holds. `decide` returns the new
-        state, None to write nothing, or raises TxnError. A decision that must wait for the
-        previous transaction's completion (`BeingCompleted`) is taken again once the state
-        changes, for up to PREPARED_HOLD_S."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + PREPARED_HOLD_S
-        attempts = 0
-        while attempts < CAS_ATTEMPTS:
-            hold = self.held.hold(transactional_id)
-            try:
-                got = await self.store.transaction(transactional_id)
-                state, revision = got if got is not None else (None, 0)
-                try:
-                    new = decide(state)
-                except BeingCompleted:
-                    hold.decide = decide  # the completion may write it (`HeldRequests.follow_on`)
-                    try:
-                        written = await asyncio.wait_for(hold.future, max(0.0, deadline - loop.time()))
-                    except asyncio.TimeoutError:
-                        raise TxnError(E.CONCURRENT_TRANSACTIONS,
-                                       f"{transactional_id}: the previous transaction is still being "
-                                       "completed") from None
-                    if written is not None:
-                        return written
-                    continue
-            finally:
-                self.held.release(transactional_id, hold)
-            attempts += 1
+        state, None to write nothing, or raises TxnError."""
+        return (await self._update_marking(transactional_id, decide))[0]
+
+    async def _update_marking(self, transactional_id: str,
+                              decide: Callable[[TxnState | None], TxnState | None]
+                              ) -> tuple[TxnState | None, "asyncio.Future | None"]:
+        """`_update`, also returning the marker work it started here (if any)."""
+        for _ in range(CAS_ATTEMPTS):
+            got = await self.store.transaction(transactional_id)
+            state, revision = got if got is not None else (None, 0)
+            new = decide(state)
             if new is None:
-                return state
+                return state, None
             new = new.with_(update_ms=self.now_ms())
             if await self.store.put_transaction(new, revision):
-                if new.status.preparing:
-                    self.prepared(new)
-                return new
+                return new, (self.prepared(new) if new.status.preparing else None)
         raise TxnError(E.CONCURRENT_TRANSACTIONS, f"{transactional_id}: too many concurrent changes")
 
     # ---- InitProducerId ------------------------------------------------------------------
@@ -127,7 +105,7 @@ class TransactionCoordinator:
                 raise TxnError(E.PRODUCER_FENCED, f"{transactional_id}: producer {expected.producer_id} "
                                f"epoch {expected.producer_epoch} is not the current one")
             if state.status.preparing:
-                raise BeingCompleted()
+                raise TxnError(E.CONCURRENT_TRANSACTIONS, "the previous transaction is being completed")
             if state.status is TxnStatus.ONGOING:
                 # A new instance of the producer: fence the old one (the markers carry the
                 # bumped epoch) and abort what it left open; the client retries meanwhile.
@@ -162,7 +140,7 @@ class TransactionCoordinator:
     def _begin(self, state: TxnState) -> TxnState:
         """The state with a transaction open (a checked producer's state)."""
         if state.status.preparing:
-            raise BeingCompleted()
+            raise TxnError(E.CONCURRENT_TRANSACTIONS, "the previous transaction is being completed")
         if state.status.open_for_new:
             return state.with_(status=TxnStatus.ONGOING, partitions=(), groups=(), pending=(),
                                start_ms=self.now_ms())
@@ -188,11 +166,8 @@ class TransactionCoordinator:
 
     async def add_offsets(self, transactional_id: str, producer_id: int, epoch: int, group_id: str) -> None:
         def decide(state: TxnState | None) -> TxnState | None:
-            checked = self._check_producer(state, transactional_id, producer_id, epoch)
-            began = self._begin(checked)
-            if began is checked and group_id in checked.groups:
-                return None  # added already: no write
-            return began.with_(groups=tuple(sorted(set(began.groups) | {group_id})))
+            state = self._begin(self._check_producer(state, transactional_id, producer_id, epoch))
+            return state.with_(groups=tuple(sorted(set(state.groups) | {group_id})))
 
         await self._update(transactional_id, decide)
 
@@ -221,19 +196,19 @@ class TransactionCoordinator:
                                    pending=state.partitions)
             if s.preparing:
                 if (s is TxnStatus.PREPARE_COMMIT) == commit:
-                    # A retry: answered once complete, as a retry of a completed EndTxn.
-                    raise BeingCompleted("the transaction is being completed")
+                    raise TxnError(E.CONCURRENT_TRANSACTIONS, "the transaction is being completed")
             elif s in (TxnStatus.COMPLETE_COMMIT, TxnStatus.COMPLETE_ABORT):
                 if (s is TxnStatus.COMPLETE_COMMIT) == commit:
                     return None  # a retry of an EndTxn that completed
             raise TxnError(E.INVALID_TXN_STATE, f"{transactional_id} is {s.value}: cannot "
                            f"{'commit' if commit else 'abort'}")
 
-        # Answered once the decision is durable, as Kafka answers: the markers are written
-        # meanwhile, and the producer's next AddPartitionsToTxn, AddOffsetsToTxn or
-        # InitProducerId is held until they are (`BeingCompleted`), so it neither waits
-        # for them here nor retries after CONCURRENT_TRANSACTIONS.
-        await self._update(transactional_id, decide)
+        _, marking = await self._update_marking(transactional_id, decide)
+        if marking is not None:
+            # Kafka answers once the decision is durable, as this does; waiting briefly for
+            # the markers written here lets the producer's next AddPartitionsToTxn find
+            # the transaction complete instead of retrying after CONCURRENT_TRANSACTIONS.
+            await asyncio.wait([marking], timeout=END_TXN_WAIT_S)
 
     # ---- timeouts ------------------------------------------------------------------------
 

@@ -7,8 +7,7 @@ appends the marker to each pending partition it leads, waits for the marker's WA
 (fenced by the leader epoch like any append), and removes those partitions from
 `pending` by compare-and-swap. Whoever empties `pending` completes the transaction: the
 group offsets it committed are applied (commit) or dropped (abort), then the state becomes
-CompleteCommit or CompleteAbort (or, when the producer's next request is held on this
-gateway waiting for it, that request's new state, in the same write: `held`). So a transaction decided by a gateway that then died is
+CompleteCommit or CompleteAbort. So a transaction decided by a gateway that then died is
 finished by the leaders of its partitions; a partition whose leader died gets its marker
 from the next leader, which sees the transaction still pending (a sweep every
 SWEEP_INTERVAL_S looks again at every undecided state).
@@ -91,13 +90,10 @@ class MarkerWriter:
                 self.states = {s.transactional_id: s for s, _ in await self.store.transactions()}
                 self._loaded.set()
                 for state in self.states.values():
-                    self.coordinator.changed(state.transactional_id)  # changes the watch missed
                     self.kick(state)
                 async for event in watch:
                     if event.kind == "delete":
-                        tid = self.store.transactional_id_of(event.key)
-                        self.states.pop(tid, None)
-                        self.coordinator.changed(tid)
+                        self.states.pop(self.store.transactional_id_of(event.key), None)
                         continue
                     try:
                         state = TxnState.from_json(event.key, event.value)
@@ -105,7 +101,6 @@ class MarkerWriter:
                         log.error("skipping a transaction state: %s", e)
                         continue
                     self.states[state.transactional_id] = state
-                    self.coordinator.changed(state.transactional_id)
                     self.kick(state)
             except asyncio.CancelledError:
                 raise
@@ -215,9 +210,5 @@ class MarkerWriter:
                 await self.store.end_pending_offsets(group, state.producer_id, commit)
             complete = state.with_(status=TxnStatus.COMPLETE_COMMIT if commit else TxnStatus.COMPLETE_ABORT,
                                    pending=(), partitions=(), groups=(), update_ms=self.now_ms())
-            # The producer's next request, held here until now, has its state written
-            # with the completion: one durable write for both.
-            written, answered = self.coordinator.held.follow_on(complete, self.now_ms())
-            if await self.store.put_transaction(written, revision):
-                self.coordinator.held.changed(state.transactional_id, written, answered)
+            if await self.store.put_transaction(complete, revision):
                 return
