@@ -23,7 +23,7 @@ Names follow Spark's Kafka source where it has the option:
     maxBytesPerPartition  split larger segments into byte ranges (default 128 MiB)
     readChunkBytes      size of each ranged GET (default 8 MiB)
     maxOffsetsPerTrigger  stream: cap on records per micro-batch, spread over partitions
-    includeHeaders      true (default): the headers column; false leaves it out (cheaper)
+    includeHeaders      true (default): the headers column; false leaves it out
 
 With a coordinator, reads reach the high watermark (sealed segments, then the committed
 WAL ranges after them); from manifests alone only sealed segments are visible. Filters in queries are evaluated by Spark, not pushed down

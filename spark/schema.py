@@ -63,9 +63,9 @@ def spark_schema(include_headers: bool) -> StructType:
 
 
 def headers_column(list_offsets, pairs: pa.StructArray) -> pa.ListArray:
-    """Each record's headers from `pairs` (every record's, in order) and where each record's
-    start (one more offset than records); null for a record with none, as Spark's Kafka
-    source gives it."""
+    """The headers column: record i's headers are `pairs[list_offsets[i]:list_offsets[i + 1]]`
+    (one more offset than records); null for a record with none, as Spark's Kafka source
+    gives it."""
     starts = np.asarray(list_offsets, dtype=np.int32)
     empty = starts[1:] == starts[:-1]
     return pa.ListArray.from_arrays(pa.array(starts), pairs, type=HEADERS_TYPE,

@@ -164,6 +164,7 @@ def test_a_gateway_killed_between_writing_a_flush_and_committing_it(gateway_fact
             etcd.proc.send_signal(signal.SIGCONT)
             time.sleep(0.5)
         raise AssertionError("no flush was written while etcd was paused")
+
     def resume_commits():
         etcd.proc.send_signal(signal.SIGCONT)
 

@@ -20,11 +20,6 @@ from stratalog.infra.cli.common import CliError, key_value, positive_float
 
 TOPIC_SYNC_ATTEMPTS = 4
 TOPIC_SYNC_PAUSE_S = 0.5
-
-
-def _unknown(topic: TopicMetadata) -> bool:
-    return topic.error is not None and topic.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
-
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_TIMEOUT = 10.0
 BOOTSTRAP_ENV = "STRATALOG_BOOTSTRAP"
@@ -86,6 +81,10 @@ def error_code(exc: BaseException) -> int | None:
     if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
         return exc.args[0].code()
     return None
+
+
+def _unknown(topic: TopicMetadata) -> bool:
+    return topic.error is not None and topic.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
 
 
 class Cluster:
