@@ -8,7 +8,8 @@ Everything goes through one `LogEngine` (engine.py). Its operations:
   check every request makes; raises `UnknownTopicOrPartition`, `NotLeader`,
   `FencedLeaderEpoch` or `UnknownLeaderEpoch` (errors.py).
 - ``append(topic, p, records, now_ms=)`` -> `AppendResult`: validate, assign offsets,
-  append locally and queue for the WAL; ``result.commit`` completes when the WAL object
+  append locally and queue for the WAL (`records` as bytes, or `Batches.split(records)`
+  when the caller reads the headers first: each header is parsed once a request); ``result.commit`` completes when the WAL object
   holding the batches is committed (acks=all waits for it, nothing longer).
 - ``read(view, offset, max_bytes)``: whole committed batches, never past the high
   watermark; ``list_offset(log, timestamp)``: earliest, latest, max-timestamp, by time.
@@ -36,5 +37,6 @@ scratch)` puts a coordinator backup into an empty cluster, checking the objects 
 
 from .engine import AppendResult, EngineSettings, LogEngine, PartitionView
 from .leadership import Assignment
+from .validation import Batches
 
-__all__ = ["AppendResult", "Assignment", "EngineSettings", "LogEngine", "PartitionView"]
+__all__ = ["AppendResult", "Assignment", "Batches", "EngineSettings", "LogEngine", "PartitionView"]

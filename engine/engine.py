@@ -32,7 +32,8 @@ from .offline import Repaired, repair
 from .partition import PartitionLog
 from .replica import ReplicaView
 from .sealing import Sealer
-from .validation import TimestampBounds, validate_batches
+from .topic_settings import TopicSettings
+from .validation import Batches, validate_batches
 from .wal_writer import WalCommitFailed, WalWriter
 
 REMOTE_CACHE_BYTES = 1024 * 1024 * 1024
@@ -125,6 +126,7 @@ class LogEngine:
         self.objects = objects
         self.topic_info = topic_info
         self.topic_config = topic_config
+        self.topic_settings = TopicSettings(topic_info, topic_config)
         self.clock = clock
         self.offline_reason = offline_reason
         self.cache = RemoteCache(objects, data_dir / "cache",
@@ -253,22 +255,26 @@ class LogEngine:
 
     # ---- write path --------------------------------------------------------------------
 
-    def append(self, topic: str, partition: int, records, *, now_ms: int) -> AppendResult:
+    def append(self, topic: str, partition: int, records: Batches | bytes | memoryview, *,
+               now_ms: int) -> AppendResult:
         """Validate and append one partition's record batches (runs without awaiting, so
-        requests on one connection append in order).
+        requests on one connection append in order). `records` may be split already
+        (`Batches.split`): their headers are then not parsed again.
 
         Retried idempotent batches are not appended again: they answer with their original
         offset and wait for their original commit.
         """
         plog = self.leader(topic, partition)
         self._check_storage()
-        batches = self._validate(topic, records, now_ms)
-        log_append = self.topic_config(topic, "message.timestamp.type") == "LogAppendTime"
+        settings = self.topic_settings.append(topic)
+        batches = validate_batches(records, max_bytes=settings.max_message_bytes, compacted=settings.compacted,
+                                   timestamps=settings.timestamp_bounds(now_ms))
+        log_append = settings.log_append_time
         commit: Awaitable[None] | None = None
         base = -1
         nbytes = nrecords = 0
         for h, view in batches:
-            nbytes += h.size
+            nbytes += len(view)
             nrecords += h.records_count
             original = plog.check_duplicate(h) if h.producer_id >= 0 else None
             if original is not None:
@@ -276,22 +282,12 @@ class LogEngine:
                     base = original.base_offset
                 commit = self._committed_past(plog, original.last_offset)
                 continue
-            data, stored = _local_write(lambda: plog.append(view, h, now_ms=now_ms, log_append_time=log_append))
+            data, stored = _local_write(plog, view, h, now_ms, log_append)
             if base < 0:
                 base = stored.base_offset
             commit = self.wal.add(plog, stored.base_offset, stored.last_offset, stored.max_timestamp, data)
-        self.sealer.maybe_roll(plog)
+        self.sealer.maybe_roll(plog, settings.segment_bytes)
         return AppendResult(base, plog.log_start_offset, nbytes, nrecords, commit, log_append)
-
-    def _validate(self, topic: str, records, now_ms: int) -> list:
-        config = self.topic_config
-        bounds = None
-        if config(topic, "message.timestamp.type") == "CreateTime":
-            bounds = TimestampBounds.of(now_ms, config(topic, "message.timestamp.before.max.ms"),
-                                        config(topic, "message.timestamp.after.max.ms"),
-                                        config(topic, "message.timestamp.difference.max.ms"))
-        return validate_batches(records, max_bytes=config(topic, "max.message.bytes"),
-                                compacted="compact" in config(topic, "cleanup.policy"), timestamps=bounds)
 
     def write_marker(self, topic: str, partition: int, producer_id: int, producer_epoch: int, *,
                      commit: bool, coordinator_epoch: int = 0) -> Awaitable[None]:
@@ -309,10 +305,9 @@ class LogEngine:
         batch = marker_batch(producer_id, producer_epoch, commit=commit,
                              coordinator_epoch=coordinator_epoch, timestamp_ms=self.now_ms())
         h = BatchHeader.parse(batch, 0)
-        data, stored = _local_write(lambda: plog.append(memoryview(batch), h, now_ms=self.now_ms(),
-                                                         log_append_time=False))
+        data, stored = _local_write(plog, memoryview(batch), h, self.now_ms(), False)
         commit_done = self.wal.add(plog, stored.base_offset, stored.last_offset, stored.max_timestamp, data)
-        self.sealer.maybe_roll(plog)
+        self.sealer.maybe_roll(plog, self.topic_settings.append(topic).segment_bytes)
         return commit_done
 
     def storage_fault(self) -> str | None:
@@ -446,6 +441,7 @@ class LogEngine:
 
     def drop_partitions(self, info: TopicInfo) -> None:
         """Stop serving a topic that is being deleted, and remove its local files."""
+        self.topic_settings.forget(info.name)
         for p in range(info.partitions):
             plog = self.leadership.drop((info.name, p), forget=True)
             if plog is not None:
@@ -478,13 +474,14 @@ class LogEngine:
             plog.txns.forget_before(plog.log_start_offset)
 
 
-def _local_write(append):
-    """A local segment write that fails (the data directory's disk full or read-only)
-    appends nothing: the segment writes the runs of batches it holds before taking a new
-    one, from its own size, so a failed write is done again by the next. The producer may
-    retry."""
+def _local_write(plog: PartitionLog, batch: memoryview, h: BatchHeader, now_ms: int,
+                 log_append_time: bool) -> tuple[bytearray, BatchHeader]:
+    """`plog.append`. A local segment write that fails (the data directory's disk full or
+    read-only) appends nothing: the segment writes the runs of batches it holds before
+    taking a new one, from its own size, so a failed write is done again by the next. The
+    producer may retry."""
     try:
-        return append()
+        return plog.append(batch, h, now_ms=now_ms, log_append_time=log_append_time)
     except OSError as e:
         raise StorageUnavailable(f"not appended, retry later: local segment write failed: {e}") from e
 

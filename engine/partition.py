@@ -55,6 +55,9 @@ class PartitionLog:
         self.topic = topic
         self.topic_id = topic_id
         self.partition = partition
+        # The partition's key in the WAL buffer and the coordinator's ranges, made once:
+        # (topic id, partition) never changes for a log.
+        self.key: tuple[uuid.UUID, int] = (topic_id, partition)
         self.leader_epoch = leader_epoch
         self.directory = directory
         self.index_interval_bytes = index_interval_bytes
@@ -82,10 +85,6 @@ class PartitionLog:
         # coordinator had committed, to say how many offsets truncating there gives up.
         self.damage: WalDamage | None = None
         self.committed_end = 0
-
-    @property
-    def key(self) -> tuple[uuid.UUID, int]:
-        return self.topic_id, self.partition
 
     @property
     def size_bytes(self) -> int:
@@ -227,7 +226,8 @@ class PartitionLog:
 
     def append(self, batch: memoryview, h: BatchHeader, *, now_ms: int,
                log_append_time: bool) -> tuple[bytearray, BatchHeader]:
-        """Assign offsets to one validated batch and append it to the active segment.
+        """Assign offsets to one validated batch (`h`: its header) and append it to the
+        active segment.
 
         Returns the patched bytes (for the WAL buffer) and the header as stored.
         """
@@ -238,13 +238,16 @@ class PartitionLog:
         patch_batch(data, 0, base, self.leader_epoch)
         if log_append_time:
             set_log_append_time(data, 0, now_ms)
+            stored = BatchHeader.parse(data, 0)
         elif h.max_timestamp < h.base_timestamp:
             # A header whose maxTimestamp is below its first timestamp was never filled in
             # (Sarama 1.22 sends -1). Kafka's broker sets it from the records, and
             # ListOffsets by time, retention.ms and the time index all read it.
             set_max_timestamp(data, 0, max((r.timestamp for r in decode_records(data, validate_crc=False)),
                                            default=h.base_timestamp))
-        stored = BatchHeader.parse(data, 0)
+            stored = BatchHeader.parse(data, 0)
+        else:
+            stored = h.with_offsets(base, self.leader_epoch)
         self.active.append(data, stored)
         self.next_offset = stored.last_offset + 1
         if h.producer_id >= 0:

@@ -60,9 +60,9 @@ class Sealer:
         self._upload_slots = asyncio.Semaphore(upload_slots)
         self._manifest_versions: dict[tuple[str, int], int] = {}
 
-    def maybe_roll(self, plog: PartitionLog) -> None:
-        """Roll when the active segment reached `segment.bytes`."""
-        if plog.active.size >= self.topic_config(plog.topic, "segment.bytes"):
+    def maybe_roll(self, plog: PartitionLog, segment_bytes: int) -> None:
+        """Roll when the active segment reached `segment_bytes` (the topic's segment.bytes)."""
+        if plog.active.size >= segment_bytes:
             self.roll(plog)
 
     def roll_due(self, plog: PartitionLog) -> None:
@@ -72,7 +72,7 @@ class Sealer:
         if seg.size and self.now_ms() - plog.active_since_ms >= self.topic_config(plog.topic, "segment.ms"):
             self.roll(plog)
         else:
-            self.maybe_roll(plog)
+            self.maybe_roll(plog, self.topic_config(plog.topic, "segment.bytes"))
 
     def roll(self, plog: PartitionLog) -> None:
         if plog.roll(self.now_ms()) is None:

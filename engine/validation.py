@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from stratalog.tiering.batch import LOG_APPEND_TIME, BatchHeader, CorruptBatch, decode_records, split_batches
+from stratalog.tiering.batch import (LOG_APPEND_TIME, BatchHeader, CorruptBatch, decode_records, require_crc,
+                                     split_batches)
 
 from .errors import InvalidRecord, InvalidTimestamp, RecordTooLarge
 
@@ -65,18 +66,54 @@ class TimestampBounds:
                                                                    h.max_timestamp < h.base_timestamp))
 
 
+@dataclass(slots=True)
+class Batches:
+    """One partition's records from a produce request, split into batches whose headers
+    are parsed once: the produce handler's transactional checks, validation, the sequence
+    checks and the append all read these. Splitting never raises: records that are not
+    whole v2 batches keep the reason in `error`, which validation raises, so checks made
+    before the append see `first` (the first header, when it parses) as they would have
+    seen it parsing their own."""
+
+    batches: list[tuple[BatchHeader, memoryview]]
+    error: CorruptBatch | None = None
+    first: BatchHeader | None = None
+
+    @classmethod
+    def split(cls, records) -> Batches:
+        if records is None or len(records) == 0:
+            return cls([], CorruptBatch("no record batches"))
+        try:
+            batches = split_batches(records, validate_crc=False)  # checked by validate_batches
+        except CorruptBatch as e:
+            try:
+                first: BatchHeader | None = BatchHeader.parse(records, 0)
+            except CorruptBatch:
+                first = None
+            return cls([], e, first)
+        return cls(batches, None, batches[0][0])
+
+
 def validate_batches(records, *, max_bytes: int, compacted: bool,
                      timestamps: TimestampBounds | None) -> list[tuple[BatchHeader, memoryview]]:
-    """The request's batches for one partition, split and checked; raises RecordTooLarge,
-    InvalidRecord or InvalidTimestamp (with `records`: (index, message) of each bad record)."""
-    if records is None or len(records) == 0:
-        raise CorruptBatch("no record batches")
-    batches = split_batches(records)
+    """The request's batches for one partition (`Batches`, or the records to split), each
+    checked: whole v2 batches (CorruptBatch), CRC-32C (CorruptBatch), then RecordTooLarge,
+    InvalidRecord or InvalidTimestamp (with `records`: (index, message) of each bad
+    record)."""
+    split = records if isinstance(records, Batches) else Batches.split(records)
+    if split.error is not None:
+        raise split.error
+    batches = split.batches
+    pos = 0
+    for h, view in batches:  # every CRC before any other check, as when splitting checked them
+        require_crc(view, h, pos)
+        pos += len(view)
     refused = _Refused()
     first = 0  # index of the batch's first record among the partition's records
     for h, view in batches:
-        if h.size > max_bytes:
-            raise RecordTooLarge(f"batch of {h.size} bytes exceeds max.message.bytes {max_bytes}")
+        size = len(view)
+        if size > max_bytes:
+            raise RecordTooLarge(f"batch of {size} bytes exceeds max.message.bytes {max_bytes}")
         if h.is_control:
             raise InvalidRecord("clients may not write control batches (transaction markers)")
         if h.is_transactional and h.producer_id < 0:
@@ -91,7 +128,7 @@ def validate_batches(records, *, max_bytes: int, compacted: bool,
             continue
         checked = timestamps if timestamps is not None and timestamps.scan_needed(h) else None
         if compacted or checked is not None:
-            # split_batches checked the CRC already.
+            # The CRC is checked above.
             for i, rec in enumerate(decode_records(view, validate_crc=False), start=first):
                 if compacted and rec.key is None:
                     refused.add(i, lambda: f"record {i} has no key, and the topic is compacted "

@@ -62,29 +62,42 @@ class WalCommitDelayed(Exception):
 
 @dataclass
 class _Pending:
-    """One future WAL object: its batches, and a future per partition that resolves when
-    the object is committed (or fails, for a partition discarded before the flush)."""
+    """One future WAL object: its batches, and per partition its log and a future that
+    resolves when the object is committed (or fails, for a partition discarded before the
+    flush). One entry per partition, whatever the number of batches: an `add` looks it up
+    once."""
 
     builder: WalBuilder = field(default_factory=WalBuilder)
-    epochs: dict[tuple[uuid.UUID, int], int] = field(default_factory=dict)
-    logs: dict[tuple[uuid.UUID, int], object] = field(default_factory=dict)
-    done: dict[tuple[uuid.UUID, int], asyncio.Future] = field(default_factory=dict)
+    # (topic id, partition) -> [log, future]
+    partitions: dict[tuple[uuid.UUID, int], list] = field(default_factory=dict)
+
+    @property
+    def epochs(self) -> dict[tuple[uuid.UUID, int], int]:
+        """The leader epoch of each partition, which the commit is fenced by."""
+        return {key: entry[0].leader_epoch for key, entry in self.partitions.items()}
+
+    @property
+    def logs(self) -> dict[tuple[uuid.UUID, int], object]:
+        return {key: entry[0] for key, entry in self.partitions.items()}
+
+    def waits(self) -> list[asyncio.Future]:
+        return [entry[1] for entry in self.partitions.values()]
 
     def fail(self, key, exc: Exception) -> None:
-        fut = self.done.pop(key, None)
-        if fut is not None and not fut.done():
-            fut.set_exception(exc)
-            fut.exception()  # retrieved: an acks=1 producer never waits for it
+        entry = self.partitions.pop(key, None)
+        if entry is not None and not entry[1].done():
+            entry[1].set_exception(exc)
+            entry[1].exception()  # retrieved: an acks=1 producer never waits for it
 
     def fail_all(self, exc: Exception) -> None:
-        for key in list(self.done):
+        for key in list(self.partitions):
             self.fail(key, exc)
 
     def stop_waiting(self, exc: Exception) -> int:
         """Fail the waits but keep the batches: they are still flushed (and `add` gives
         later batches a new future). Returns how many waits were failed."""
         failed = 0
-        for fut in self.done.values():
+        for fut in self.waits():
             if not fut.done():
                 fut.set_exception(exc)
                 fut.exception()
@@ -144,14 +157,18 @@ class WalWriter:
             batch: bytes | bytearray) -> asyncio.Future:
         """Queue a patched batch; the future resolves when its WAL object is committed."""
         p = self._pending
-        if not p.done:
+        if not p.partitions:
             self._wake.set()
         p.builder.add(plog.topic_id, plog.partition, base_offset, last_offset, max_timestamp, batch)
-        p.epochs[plog.key] = plog.leader_epoch
-        p.logs[plog.key] = plog
-        fut = p.done.get(plog.key)
-        if fut is None or fut.done():  # done: its waiters were told WalCommitDelayed
-            fut = p.done[plog.key] = asyncio.get_running_loop().create_future()
+        entry = p.partitions.get(plog.key)
+        if entry is None:
+            fut = asyncio.get_running_loop().create_future()
+            p.partitions[plog.key] = [plog, fut]
+        else:
+            entry[0] = plog
+            fut = entry[1]
+            if fut.done():  # its waiters were told WalCommitDelayed
+                fut = entry[1] = asyncio.get_running_loop().create_future()
         if p.builder.size >= self.flush_bytes:
             self._wake.set()
         return fut
@@ -160,10 +177,8 @@ class WalWriter:
         """Forget a partition's queued batches: it is no longer ours, so committing them
         would be fenced and fail every other partition of the same object."""
         p = self._pending
-        if key in p.epochs:
+        if key in p.partitions:
             p.builder.discard(*key)
-            del p.epochs[key]
-            del p.logs[key]
             p.fail(key, WalCommitFailed("leadership moved before the batches were committed"))
 
     async def _run(self) -> None:
@@ -175,7 +190,7 @@ class WalWriter:
                 await self._wake.wait()
                 self._wake.clear()
             p = self._pending
-            if not p.done:
+            if not p.partitions:
                 if self._closing:
                     return
                 continue
@@ -212,7 +227,8 @@ class WalWriter:
         try:
             await self._retry("upload", lambda: self.objects.put(key, data))
             put_done = self.clock()
-            await self._retry("commit", lambda: self.store.commit_wal(obj, p.epochs))
+            epochs = p.epochs
+            await self._retry("commit", lambda: self.store.commit_wal(obj, epochs))
         except Fenced as e:
             # Batches queued behind this object carry offsets that follow the failed ones:
             # committing them would leave a hole, so they fail too.
@@ -239,7 +255,7 @@ class WalWriter:
             self.metrics.wal_commit.observe(self.last_commit_seconds)
             self.metrics.wal_flush.observe(self.last_flush_seconds)
         self.on_committed(p.logs, list(ranges))
-        for fut in p.done.values():
+        for fut in p.waits():
             if not fut.done():
                 fut.set_result(None)
 

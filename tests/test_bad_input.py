@@ -164,6 +164,45 @@ def test_a_decompression_bomb_to_a_compacted_topic_is_refused(gateway):
     _round_trip_still_works(gateway)
 
 
+def test_bad_batches_get_their_own_error_code_per_partition(gateway):
+    """A produce request whose batches are of an old message format, damaged or whole:
+    each partition gets its own answer (UNSUPPORTED_FOR_MESSAGE_FORMAT, CORRUPT_MESSAGE,
+    appended), with the headers parsed once for the request's checks and the append."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from stratalog.tiering.batch import build_batch
+
+    topic = f"formats-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": gateway.bootstrap})
+    admin.create_topics([NewTopic(topic, 3, 1)])[topic].result(15)
+    good = build_batch([(b"k", b"v", [])] * 3, timestamp_ms=int(time.time() * 1000))
+    old_format = bytearray(good)
+    old_format[16] = 1  # magic 1
+    damaged = bytearray(good)
+    damaged[-1] ^= 0xFF  # the CRC no longer matches
+    s = _connect(gateway)
+    s.sendall(encode_request(0, 9, 5, {"acks": -1, "timeout_ms": 5000, "topic_data": [
+        {"name": topic, "partition_data": [{"index": 0, "records": bytes(old_format)},
+                                           {"index": 1, "records": bytes(damaged)},
+                                           {"index": 2, "records": good}]}]}))
+    _, body = decode_response(0, 9, _recv_frame(s))
+    s.close()
+    parts = {p.index: p for p in body.responses[0].partition_responses}
+    assert parts[0].error_code == 43  # UNSUPPORTED_FOR_MESSAGE_FORMAT
+    assert parts[1].error_code == 2 and "CRC mismatch" in parts[1].error_message  # CORRUPT_MESSAGE
+    assert (parts[2].error_code, parts[2].base_offset) == (0, 0)
+    c = Consumer({"bootstrap.servers": gateway.bootstrap, "group.id": "formats"})
+    c.assign([TopicPartition(topic, p, 0) for p in range(3)])
+    got = []
+    deadline = time.monotonic() + 20
+    while len(got) < 3 and time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is not None and not m.error():
+            got.append((m.partition(), m.offset()))
+    c.close()
+    assert sorted(got) == [(2, 0), (2, 1), (2, 2)]
+
+
 def test_a_damaged_sealed_segment_fails_only_its_partition(gateway_factory):
     """A sealed .log damaged in the object store is answered CORRUPT_MESSAGE for its
     partition, never served as records; the other partition and the gateway keep serving."""

@@ -10,6 +10,7 @@ by generous timeouts that only a broken engine reaches.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shutil
 import uuid
 from collections import Counter
@@ -18,7 +19,8 @@ import pytest
 
 from moto_fixture import MotoServer, dummy_aws_env
 from stratalog.coordinator.model import PartitionState, TopicInfo
-from stratalog.engine.errors import CorruptLog, CorruptRead, NotLeader, OffsetOutOfRange
+from stratalog.engine import Batches
+from stratalog.engine.errors import CorruptLog, CorruptRead, NotLeader, OffsetOutOfRange, RecordTooLarge
 from stratalog.engine.producers import OutOfOrderSequence
 from stratalog.engine.wal_writer import WalCommitFailed
 from stratalog.gateway.cluster import balance_leaders, decide_partition, new_topic_assignments
@@ -26,7 +28,9 @@ from stratalog.gateway.config import ConfigError, parse_value
 from stratalog.gateway.errors import error_code
 from stratalog.gateway.protocol.error_codes import ErrorCode
 from stratalog.tiering import layout
-from stratalog.tiering.batch import BatchHeader, build_batch, set_max_timestamp
+from stratalog.engine.validation import validate_batches
+from stratalog.tiering.batch import (CREATE_TIME, LOG_APPEND_TIME, BatchHeader, CorruptBatch, UnsupportedMagic,
+                                     build_batch, set_max_timestamp)
 from stratalog.tiering.manifest import read_manifest
 from stratalog.tiering.objectstore import ObjectNotFound
 from stratalog.tiering.txn import decode_txnindex
@@ -360,6 +364,64 @@ def test_segment_bytes_seals_on_append(backends):
         assert [r.base_offset for _, r in await h.store.wal_ranges(info.topic_id, 0, 0)] == [4]
 
     run(backends, body)
+
+
+def test_a_topic_config_change_applies_from_the_next_append(backends):
+    """An append reads its topic's configs from a snapshot, read again when the gateway's
+    topic table holds a new TopicInfo for the topic (AlterConfigs, or a sync that saw
+    another gateway's change): the next append applies them."""
+    async def body(h):
+        info = await h.create_topic("cfg", 1)
+        engine = await h.start_engine()
+        await h.lead(engine)
+        sent = batch(3, ts=h.clock.ms, tag="a")
+        await send(engine, "cfg", 0, sent, h.clock.ms)
+        h.topics["cfg"] = dataclasses.replace(info, configs={"max.message.bytes": str(len(sent) - 1)})
+        with pytest.raises(RecordTooLarge):
+            engine.append("cfg", 0, sent, now_ms=h.clock.ms)
+        h.topics["cfg"] = dataclasses.replace(info, configs={"message.timestamp.type": "LogAppendTime",
+                                                             "segment.bytes": str(2 * len(sent))})
+        stamped_at = h.clock.ms + 7
+        result = await send(engine, "cfg", 0, sent, stamped_at)
+        assert result.log_append_time and result.base_offset == 3
+        stored = batches_of(await read_all(engine, "cfg", 0))
+        assert [(b.timestamp_type, b.max_timestamp) for b, _ in stored] == [
+            (CREATE_TIME, h.clock.ms), (LOG_APPEND_TIME, stamped_at)]
+        # The new segment.bytes (reached by the second batch) rolled the segment.
+        assert engine.leader("cfg", 0).active.base_offset == 6
+        h.topics["cfg"] = info  # back to the defaults: the first snapshot's values again
+        assert not (await send(engine, "cfg", 0, sent, h.clock.ms)).log_append_time
+
+    run(backends, body)
+
+
+@pytest.mark.unit
+def test_batches_split_once_keep_a_split_error_for_the_append():
+    """`Batches.split` parses each header once for the produce handler's checks and the
+    append; what does not split is refused by the append with the error it always had,
+    while the checks before it still see the first header when it parses."""
+    good = batch(2, ts=WALL_START_MS, producer=(7, 0), sequence=0)
+    split = Batches.split(good + good)
+    assert split.error is None and [h.base_sequence for h, _ in split.batches] == [0, 0]
+    assert split.first is split.batches[0][0] and split.first.producer_id == 7
+
+    truncated = Batches.split(good + good[:-1])
+    assert truncated.batches == [] and isinstance(truncated.error, CorruptBatch)
+    assert truncated.first is not None and truncated.first.producer_id == 7
+    with pytest.raises(CorruptBatch, match="claims"):
+        validate_batches(truncated, max_bytes=1 << 20, compacted=False, timestamps=None)
+
+    magic1 = bytearray(good)
+    magic1[16] = 1
+    old_format = Batches.split(bytes(magic1))
+    assert old_format.first is None and isinstance(old_format.error, UnsupportedMagic)
+    assert error_code(old_format.error) == ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT
+    assert Batches.split(b"").first is None and error_code(Batches.split(None).error) == ErrorCode.CORRUPT_MESSAGE
+
+    damaged = bytearray(good + good)
+    damaged[-1] ^= 1  # the second batch's CRC no longer matches: found before any other check
+    with pytest.raises(CorruptBatch, match=f"CRC mismatch in batch at position {len(good)}"):
+        validate_batches(Batches.split(bytes(damaged)), max_bytes=1, compacted=False, timestamps=None)
 
 
 # --- 4. retention and DeleteRecords -----------------------------------------------------

@@ -129,6 +129,14 @@ class BatchHeader:
     def next_offset(self) -> int:
         return self.last_offset + 1
 
+    def with_offsets(self, base_offset: int, leader_epoch: int) -> BatchHeader:
+        """This header as `patch_batch(buf, pos, base_offset, leader_epoch)` leaves the
+        batch (the fields it sets lie before the CRC'd range: nothing else changes)."""
+        return BatchHeader(base_offset, self.batch_length, leader_epoch, self.magic, self.crc,
+                           self.attributes, self.last_offset_delta, self.base_timestamp,
+                           self.max_timestamp, self.producer_id, self.producer_epoch,
+                           self.base_sequence, self.records_count)
+
     @classmethod
     def parse(cls, buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
         """Read the header at ``pos``; checks magic and that batchLength covers a header."""
@@ -184,10 +192,10 @@ def split_batches(
                 f"batch at position {pos} claims {header.size} bytes but only "
                 f"{end - pos} remain"
             )
-        if validate_crc and not _crc_matches(view, pos, header):
-            raise CorruptBatch(f"CRC mismatch in batch at position {pos} "
-                               f"(base offset {header.base_offset})")
-        batches.append((header, view[pos:batch_end]))
+        batch = view[pos:batch_end]
+        if validate_crc:
+            require_crc(batch, header, pos)
+        batches.append((header, batch))
         pos = batch_end
     return batches
 
@@ -221,6 +229,13 @@ def scan_batches(
 def crc_matches(batch: memoryview, header: BatchHeader) -> bool:
     """Whether the CRC-32C of one whole batch, whose header is already parsed, matches."""
     return crc32c.crc32c(batch[_ATTRIBUTES_OFFSET:header.size]) == header.crc
+
+
+def require_crc(batch: memoryview, header: BatchHeader, pos: int) -> None:
+    """CorruptBatch unless the CRC-32C of one whole batch matches (`pos`: where it starts
+    among the batches it came with, for the message)."""
+    if not crc_matches(batch, header):
+        raise CorruptBatch(f"CRC mismatch in batch at position {pos} (base offset {header.base_offset})")
 
 
 def batch_crc_valid(buf: bytes | bytearray | memoryview, pos: int = 0) -> bool:

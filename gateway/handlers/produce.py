@@ -17,20 +17,21 @@ import logging
 from typing import Callable
 
 from stratalog.coordinator.transactions import TxnStatus
+from stratalog.engine import Batches
 from stratalog.engine.errors import EngineError, InvalidRecord
 from stratalog.gateway.auth.acls import Operation, ResourceType
 from stratalog.gateway.coarse_timers import coarse_timers
 from stratalog.gateway.errors import error_code, error_message
 from stratalog.gateway.protocol.error_codes import ErrorCode
 from stratalog.gateway.quotas.rules import PRODUCER_BYTE_RATE
-from stratalog.tiering.batch import HEADER_SIZE, BatchHeader
+from stratalog.tiering.batch import BatchHeader
 
 from .registry import NO_RESPONSE, ApiKey, Deferred, RequestContext, handles
 
 log = logging.getLogger(__name__)
 
 
-def _produce_partition(broker, topic: str, index: int, records, now_ms: int, version: int):
+def _produce_partition(broker, topic: str, index: int, records: Batches, now_ms: int, version: int):
     """Append one partition's batches; returns (response dict, awaitable or None)."""
     resp = {"index": index, "error_code": 0, "base_offset": -1, "log_append_time_ms": -1,
             "log_start_offset": -1}
@@ -64,6 +65,8 @@ async def produce(ctx: RequestContext, req):
     for t in req.topic_data:
         parts = []
         for pd in t.partition_data:
+            # Each batch header is parsed here, once: the checks below and the append read it.
+            batches = Batches.split(pd.records)
             if req.acks not in (-1, 0, 1):
                 resp = {"index": pd.index, "error_code": ErrorCode.INVALID_REQUIRED_ACKS,
                         "base_offset": -1}
@@ -72,13 +75,13 @@ async def produce(ctx: RequestContext, req):
                 resp = {"index": pd.index, "error_code": ErrorCode.TOPIC_AUTHORIZATION_FAILED,
                         "base_offset": -1}
                 wait = None
-            elif (refused := _non_transactional_refusal(pd.records) if txn_check is None
-                  else await txn_check.refusal(t.name, pd.index, pd.records)) is not None:
+            elif (refused := _non_transactional_refusal(batches.first) if txn_check is None
+                  else await txn_check.refusal(t.name, pd.index, batches.first)) is not None:
                 resp = {"index": pd.index, "error_code": refused[0], "base_offset": -1,
                         "error_message": refused[1]}
                 wait = None
             else:
-                resp, wait = _produce_partition(broker, t.name, pd.index, pd.records, now_ms, ctx.version)
+                resp, wait = _produce_partition(broker, t.name, pd.index, batches, now_ms, ctx.version)
             parts.append(resp)
             if wait is not None:
                 waits.append((resp, wait))
@@ -164,11 +167,11 @@ def _settle_waiting(f: asyncio.Future) -> None:
             log.exception("settling a produce request's commit wait failed")
 
 
-def _non_transactional_refusal(records) -> tuple[ErrorCode, str] | None:
-    """Why a request without a transactional id may not append these batches, or None."""
-    if records is None or len(records) < HEADER_SIZE:
-        return None  # the append refuses it
-    h = BatchHeader.parse(records, 0)
+def _non_transactional_refusal(h: BatchHeader | None) -> tuple[ErrorCode, str] | None:
+    """Why a request without a transactional id may not append batches whose first header
+    is `h`, or None."""
+    if h is None:
+        return None  # the append refuses the batches
     if h.is_transactional and not h.is_control:
         return ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "transactional batches need a transactional id"
     return None
@@ -184,11 +187,11 @@ class _TxnCheck:
         self._state = None
         self._read = False
 
-    async def refusal(self, topic: str, partition: int, records) -> tuple[ErrorCode, str] | None:
+    async def refusal(self, topic: str, partition: int, h: BatchHeader | None) -> tuple[ErrorCode, str] | None:
+        """Why these batches (`h`: the first one's header) may not be appended, or None."""
         ctx, tid = self.ctx, self.transactional_id
-        if records is None or len(records) < HEADER_SIZE:
-            return None  # the append refuses it
-        h = BatchHeader.parse(records, 0)
+        if h is None:
+            return None  # the append refuses the batches
         if not ctx.allowed(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, tid):
             return ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, f"WRITE on transactional id {tid!r} is not allowed"
         if not h.is_transactional or h.is_control:
