@@ -96,13 +96,20 @@ def load_schema(path: str | Path):
 # ---- value decoding ------------------------------------------------------------------
 
 
-def _avro_decoder(avro_schema: dict, struct):
-    """A mapInArrow function: Kafka-source batches in, decoded-value batches out."""
+def _meta_columns(df) -> list[str]:
+    """The Kafka columns `df` has: all of META_COLUMNS but `headers` when the reader was
+    given includeHeaders=false."""
+    return [c for c in META_COLUMNS if c in df.columns]
+
+
+def _avro_decoder(avro_schema: dict, struct, meta: list[str]):
+    """A mapInArrow function: Kafka-source batches in (with the columns `meta`),
+    decoded-value batches out."""
     import io
 
     from pyspark.sql.types import StructField, StructType
 
-    out_type = StructType([f for f in SPARK_SCHEMA.fields if f.name in META_COLUMNS]
+    out_type = StructType([f for f in SPARK_SCHEMA.fields if f.name in meta]
                           + [StructField(f.name, f.dataType, True) for f in struct.fields])
     names = [f.name for f in struct.fields]
 
@@ -134,7 +141,7 @@ def _avro_decoder(avro_schema: dict, struct):
                                       "bytes follow the Avro record")
                 rows.append({n: record.get(n) for n in names})
             # Spark hands timestamps in the session's zone; the output is declared in UTC.
-            columns = {c: batch.column(c).cast(target.field(c).type) for c in META_COLUMNS}
+            columns = {c: batch.column(c).cast(target.field(c).type) for c in meta}
             decoded = pa.Table.from_pylist(rows, schema=pa.schema([target.field(n) for n in names]))
             arrays = [columns[f.name] if f.name in columns else decoded.column(f.name).combine_chunks()
                       for f in out_type.fields]
@@ -173,7 +180,8 @@ def decoded(df, value_format: str, schema_path: str | None = None):
                 raise ExportError("some values are not JSON objects (Spark found corrupt records)")
         _check_names(struct)
         parsed = F.from_json(F.col("value").cast("string"), struct, {"mode": "FAILFAST"})
-        return df.select(*META_COLUMNS, parsed.alias("__v")).select(*META_COLUMNS, "__v.*")
+        meta = _meta_columns(df)
+        return df.select(*meta, parsed.alias("__v")).select(*meta, "__v.*")
     if value_format == "avro":
         if not schema_path:
             raise ExportError("value format avro needs the writer's schema (--schema FILE.avsc)")
@@ -181,7 +189,7 @@ def decoded(df, value_format: str, schema_path: str | None = None):
         if avro_schema is None:
             raise ExportError(f"{schema_path}: value format avro needs an Avro record schema (.avsc)")
         _check_names(struct)
-        decode, out_type = _avro_decoder(avro_schema, struct)
+        decode, out_type = _avro_decoder(avro_schema, struct, _meta_columns(df))
         return df.mapInArrow(decode, out_type)
     raise ExportError(f"unknown value format {value_format!r}; expected one of {', '.join(VALUE_FORMATS)}")
 
@@ -222,7 +230,8 @@ def export(spark, object_store_url: str, topic: str, to: str, *, fmt: str = "par
     rows = reader.load(object_store_url)
     # The source gives null headers for a record without any; exported files keep the
     # empty array they always had (a JSON line would otherwise lose the field).
-    rows = rows.withColumn("headers", F.coalesce("headers", F.array().cast(rows.schema["headers"].dataType)))
+    if "headers" in rows.columns:  # absent with includeHeaders=false
+        rows = rows.withColumn("headers", F.coalesce("headers", F.array().cast(rows.schema["headers"].dataType)))
     df = decoded(rows, value_format, schema_path)
     observed = Observation("stratalog-export")
     df.observe(observed, F.count(F.lit(1)).alias("rows")).write.mode(mode).format(fmt).save(to)

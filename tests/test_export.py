@@ -128,6 +128,20 @@ def test_avro_values_decode_with_the_writer_schema(spark, cluster, tmp_path):
     assert [{k: r[k] for k in ("id", "customer", "amount", "tags", "status")} for r in rows] == _orders(60)
 
 
+def test_include_headers_false_exports_without_the_headers_column(spark, cluster, tmp_path):
+    gw, spec, truth = cluster
+    avsc = tmp_path / "order.avsc"
+    avsc.write_text(json.dumps(AVRO_SCHEMA))
+    no_headers = {"includeHeaders": "false"}
+    for topic, kwargs, count in (("raw", {}, 200), ("json", {"value_format": "json"}, 60),
+                                 ("avro", {"value_format": "avro", "schema_path": str(avsc)}, 60)):
+        out = tmp_path / f"{topic}-no-headers.parquet"
+        assert export(spark, spec.url, topic, str(out), options=no_headers, **kwargs) == count
+        table = pq.read_table(out)
+        assert "headers" not in table.schema.names and "offset" in table.schema.names, topic
+        assert sorted(table.column("offset").to_pylist()) == sorted(r.offset for r in truth[topic])
+
+
 def test_bad_avro_value_stops_the_export_with_its_offset(spark, cluster, tmp_path):
     gw, spec, truth = cluster
     avsc = tmp_path / "order.avsc"
