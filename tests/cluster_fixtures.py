@@ -384,24 +384,38 @@ def stop_and_check_producers(producers: list[ProducerLoad], flush_timeout: float
 
 class GroupConsumer(threading.Thread):
     """A consumer-group member that commits (synchronously) after processing each poll
-    batch; every record it processed and every commit that succeeded are kept."""
+    batch; every record it processed and every commit that succeeded are kept.
+
+    librdkafka 2.16 can block for ever in a synchronous commit once the group coordinator
+    it had cached was killed and dropped from metadata (its broker thread is decommissioned
+    and nothing wakes the request again: confluentinc/librdkafka#5511, #5456), and the
+    member's heartbeats stop with it. An application then restarts its consumer; so does
+    this one: a member whose calls have not returned for `STALL_S` is abandoned (its thread
+    may stay blocked; nothing it does afterwards is recorded) and a new member joins the
+    group, resuming from the committed offsets. `replaced` counts those restarts.
+    """
+
+    STALL_S = 30.0  # longer than any commit waits for a coordinator that restarts
 
     def __init__(self, bootstrap: str, topic: str, group: str, config: dict | None = None):
         super().__init__(name=f"consumer-{group}", daemon=True)
         self.topic = topic
         self.group = group
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
-                                  "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                                  "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000,
-                                  "topic.metadata.refresh.interval.ms": 2000,
-                                  "error_cb": self._error, "logger": QUIET, "debug": "eos",
-                       **(config or {})})
+        self.config = {"bootstrap.servers": bootstrap, "group.id": group,
+                       "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                       "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000,
+                       "topic.metadata.refresh.interval.ms": 2000,
+                       "error_cb": self._error, "logger": QUIET, "debug": "eos", **(config or {})}
+        self.consumer = Consumer(self.config)
         self.consumed: dict[int, dict[int, bytes]] = defaultdict(dict)  # partition -> offset -> value
         self.committed: dict[int, int] = {}  # partition -> last offset committed successfully
         self.commit_failures = 0
+        self.replaced = 0
         self.fatal: list[str] = []
         self.assignments = 0
         self._halt = threading.Event()
+        self._member = 0  # which member is the live one; an abandoned one's work is ignored
+        self._returned_at = time.monotonic()  # when the live member's last call returned
 
     def _error(self, err) -> None:
         if err.fatal():
@@ -411,13 +425,30 @@ class GroupConsumer(threading.Thread):
         self.assignments += 1
 
     def run(self) -> None:
-        self.consumer.subscribe([self.topic], on_assign=self._on_assign)
+        member = threading.Thread(target=self._consume, args=(self.consumer, 0), daemon=True)
+        member.start()
+        while not self._halt.wait(1.0):
+            if time.monotonic() - self._returned_at < self.STALL_S:
+                continue
+            self._member += 1
+            self.replaced += 1
+            self._returned_at = time.monotonic()
+            self.consumer = Consumer(self.config)
+            member = threading.Thread(target=self._consume, args=(self.consumer, self._member), daemon=True)
+            member.start()
+        member.join(30)
+
+    def _consume(self, consumer, member: int) -> None:
+        consumer.subscribe([self.topic], on_assign=self._on_assign)
         # Offsets processed but not yet committed. A failed commit (a coordinator moved, a
         # rebalance under way) stays here and is tried again on the next pass, as an
         # application must: once the producers stop, no later record would carry it.
         pending: dict[int, int] = {}
         while not self._halt.is_set():
-            msgs = self.consumer.consume(500, 0.5)
+            msgs = consumer.consume(500, 0.5)
+            if member != self._member:
+                return self._leave(consumer)
+            self._returned_at = time.monotonic()
             for m in msgs:
                 if m.error():
                     continue
@@ -426,26 +457,34 @@ class GroupConsumer(threading.Thread):
             if not pending:
                 continue
             try:
-                result = self.consumer.commit(
+                result = consumer.commit(
                     offsets=[TopicPartition(self.topic, p, o) for p, o in pending.items()],
                     asynchronous=False)
-                for tp in result or ():
-                    if tp.error is None:
-                        self.committed[tp.partition] = max(self.committed.get(tp.partition, 0),
-                                                           tp.offset)
-                        if pending.get(tp.partition) == tp.offset:
-                            del pending[tp.partition]
             except KafkaException:
+                result = None
                 self.commit_failures += 1
+            if member != self._member:
+                return self._leave(consumer)
+            self._returned_at = time.monotonic()
+            for tp in result or ():
+                if tp.error is None:
+                    self.committed[tp.partition] = max(self.committed.get(tp.partition, 0), tp.offset)
+                    if pending.get(tp.partition) == tp.offset:
+                        del pending[tp.partition]
             if pending:
                 # Partitions no longer ours are committed by their next owner.
-                owned = {tp.partition for tp in self.consumer.assignment()}
+                owned = {tp.partition for tp in consumer.assignment()}
                 pending = {p: o for p, o in pending.items() if p in owned}
+
+    @staticmethod
+    def _leave(consumer) -> None:
+        """An abandoned member that came back leaves the group, so it holds no partitions."""
+        consumer.close()
 
     def stop(self) -> None:
         if not self._halt.is_set():
             self._halt.set()
-            self.join(30)
+            self.join(60)
             self.consumer.close()
 
 

@@ -78,6 +78,7 @@ def test_rolling_kill9_with_idempotent_producers_and_a_group(etcd, moto_s3, gate
     wait_for(lambda: all(consumer.committed.get(p, 0) >= e for p, e in ends.items() if e),
              timeout=90, what="the group to commit up to the end of the log")
     consumer.stop()
+    print(f"group member restarted {consumer.replaced} time(s) after a client stall")
     assert not consumer.fatal, consumer.fatal
     committed = group_committed(bootstrap, topic, group, partitions)
     assert committed == {p: e for p, e in ends.items() if e}
