@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -63,15 +64,64 @@ class RssSampler(threading.Thread):
             time.sleep(0.2)
 
 
-def start_stratalog(data_dir: Path) -> tuple[subprocess.Popen, int]:
-    port = free_port()
+def start_stratalog(data_dir: Path) -> tuple[subprocess.Popen, int, int]:
+    """The gateway, its Kafka port and its HTTP port (/metrics)."""
+    port, http = free_port(), free_port()
     cmd = [sys.executable, "-m", "stratalog.infra.cli", "serve", "--listen", f"127.0.0.1:{port}",
+           "--http", f"127.0.0.1:{http}",
            "--data-dir", str(data_dir), "--set", "log.segment.bytes=16777216",
            "--set", "log.roll.ms=3000"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     proc.stdout.readline()
     wait_port(port)
-    return proc, port
+    return proc, port, http
+
+
+class GatewayView:
+    """What the gateway itself saw during a latency run: the produce requests it answered,
+    its CPU share, its own Produce latency and its WAL flushes (from /metrics, whose
+    histogram buckets bound each percentile: "<= 10" is the bucket it falls in)."""
+
+    HISTOGRAMS = ("stratalog_request_seconds", "stratalog_wal_flush_seconds")
+
+    def __init__(self, pid: int, http: int):
+        self.pid, self.http = pid, http
+
+    def _cpu(self) -> float:
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def _buckets(self) -> dict[str, list[tuple[float, float]]]:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.http}/metrics", timeout=10).read().decode()
+        out: dict[str, list[tuple[float, float]]] = {name: [] for name in self.HISTOGRAMS}
+        for line in text.splitlines():
+            name, _, rest = line.partition("_bucket{")
+            if name not in out or (name == "stratalog_request_seconds" and 'api="Produce"' not in rest):
+                continue
+            labels, _, value = rest.rpartition("} ")
+            bound = labels.split('le="', 1)[1].split('"', 1)[0]
+            out[name].append((float(bound), float(value)))
+        return out
+
+    def start(self) -> None:
+        self.t0, self.cpu0, self.b0 = time.monotonic(), self._cpu(), self._buckets()
+
+    def summary(self) -> str:
+        secs, cpu, b1 = time.monotonic() - self.t0, self._cpu() - self.cpu0, self._buckets()
+
+        def counts(name):
+            before = dict(self.b0[name])
+            return [(bound, n - before.get(bound, 0)) for bound, n in b1[name]]
+
+        def bound(pairs, q):
+            total = pairs[-1][1] if pairs else 0
+            return next((f"{b * 1000:g}" for b, n in pairs if total and n >= q * total), "-")
+
+        req, flush = counts("stratalog_request_seconds"), counts("stratalog_wal_flush_seconds")
+        n_req, n_flush = (req[-1][1] if req else 0), (flush[-1][1] if flush else 0)
+        return (f"{n_req / secs:.0f} produce requests/s, gateway CPU {100 * cpu / secs:.0f}% of a core; "
+                f"its Produce latency p50 <= {bound(req, 0.5)} ms, p99 <= {bound(req, 0.99)} ms; "
+                f"{n_flush / secs:.0f} WAL flushes/s, p50 <= {bound(flush, 0.5)} ms, p99 <= {bound(flush, 0.99)} ms")
 
 
 def tansu_binary() -> str | None:
@@ -215,7 +265,8 @@ def wait_sealed(data_dir: Path, topic: str, timeout: float = 60) -> int:
     return -1
 
 
-def run_one(name: str, proc: subprocess.Popen, port: int, args, data_dir: Path | None) -> dict:
+def run_one(name: str, proc: subprocess.Popen, port: int, args, data_dir: Path | None,
+            http: int | None = None) -> dict:
     bootstrap = f"127.0.0.1:{port}"
     sampler = RssSampler(proc.pid)
     sampler.start()
@@ -227,9 +278,15 @@ def run_one(name: str, proc: subprocess.Popen, port: int, args, data_dir: Path |
                                              clients=args.clients)[0]
     row["idempotent produce MB/s"] = produce_throughput(bootstrap, "bench-idempotent", args.mib, args.partitions,
                                                         idempotent=True, clients=args.clients)[0]
+    seen = {}
     for label, mbps, idem in (("idempotent @50MB/s", 50.0, True), ("plain @5MB/s", 5.0, False)):
+        view = GatewayView(proc.pid, http) if http is not None else None
+        if view is not None:
+            view.start()
         p50, p99, delivered = ack_latency(bootstrap, "latency", offered_mbps=mbps, idempotent=idem)
         row[f"{label} p50 ms"], row[f"{label} p99 ms"], row[f"{label} got MB/s"] = p50, p99, delivered
+        if view is not None:
+            seen[label] = view.summary()
     sealed = ""
     if data_dir is not None:
         size = wait_sealed(data_dir, "bench")
@@ -239,14 +296,15 @@ def run_one(name: str, proc: subprocess.Popen, port: int, args, data_dir: Path |
     sampler.stop.set()
     row["peak RSS MB"] = sampler.peak_kb / 1024
     row["note"] = sealed
+    row["gateway"] = seen
     return row
 
 
 def run_stratalog(args) -> dict:
     data_dir = Path(tempfile.mkdtemp(prefix="stratalog-bench-"))
-    proc, port = start_stratalog(data_dir)
+    proc, port, http = start_stratalog(data_dir)
     try:
-        return run_one("stratalog", proc, port, args, data_dir)
+        return run_one("stratalog", proc, port, args, data_dir, http)
     finally:
         proc.terminate()
         proc.wait(30)
@@ -283,9 +341,10 @@ def main() -> None:
     print(f"\n{args.mib} MiB of {RECORD}-byte records, {args.partitions} partitions, confluent-kafka "
           f"acks=all; throughput with linger.ms=5 batch.size=1MiB from {args.clients} producer process(es); "
           "latency with linger.ms=1 at an offered rate, after a 2 s warm-up\n")
-    width = max(len(k) for k in rows[0])
+    keys = [k for k in rows[0] if k not in ("broker", "run", "gateway")]
+    width = max(len(k) for k in keys)
     print(f"{'':<{width}} | " + " | ".join(f"{r['broker'][:13] + ' ' + str(r['run']):>16}" for r in rows))
-    for key in [k for k in rows[0] if k not in ("broker", "run")]:
+    for key in keys:
         cells = [r[key] for r in rows]
         print(f"{key:<{width}} | " + " | ".join(f"{v:>16.1f}" if isinstance(v, float) else f"{v:>16}"
                                                  for v in cells))
@@ -296,6 +355,10 @@ def main() -> None:
             if r["run"] == run and r is not ceiling:
                 print(f"  run {run} {r['broker']:<15} " + ", ".join(
                     f"{k.removesuffix(' MB/s')} {r[k] / ceiling[k]:.2f}" for k in THROUGHPUTS if ceiling[k] > 0))
+    print("\nwhat the gateway saw during each latency run (its /metrics and /proc):")
+    for r in rows:
+        for label, seen in r["gateway"].items():
+            print(f"  run {r['run']} {label}: {seen}")
 
 
 if __name__ == "__main__":
