@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (BUCKET, BenchError, Etcd, Gateway, Proc, S3Endpoint, Tansu,  # noqa: E402
                     machine_busy, tansu_binary)
+from produce_fetch import ack_latency  # noqa: E402
 
 RECORD = 1024
 MiB = 1024 * 1024
@@ -272,6 +273,10 @@ class Run:
     get_target: int | None = None
     seal_secs: float | None = None
     gateway_ops: Counter = field(default_factory=Counter)
+    # acks=all from one idempotent linger.ms=1 producer at LATENCY_MBPS: (p50, p99) ms, and
+    # the endpoint's own PUT of a WAL-sized object, p50 ms
+    ack_ms: tuple[float, float] | None = None
+    put_ms: float | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -364,6 +369,7 @@ def throughput_run(n: int, args, workdir: Path) -> Run:
             run.gateway_ops.update(g.object_store_requests())
 
         segments = listing(s3, "stratalog/topics/")
+        run.ack_ms, run.put_ms = s3_latency(bootstrap, s3)
         flushes = math.ceil(produce.secs * 1000 / FLUSH_MS) + 1
         run.put_target = n * flushes + len(segments)
         run.get_target = sum(math.ceil(size / CHUNK) for key, size in segments if key.endswith(".log"))
@@ -371,6 +377,25 @@ def throughput_run(n: int, args, workdir: Path) -> Run:
         return run
     finally:
         stop_all(procs)
+
+
+LATENCY_MBPS = 5.0  # offered by the latency probe: a steady producer, not a flood
+PUT_PROBE_BYTES = 256 * 1024  # about what one WAL flush of that producer uploads
+
+
+def s3_latency(bootstrap: str, s3: S3Endpoint) -> tuple[tuple[float, float], float]:
+    """acks=all latency of one idempotent producer (linger.ms=1, at LATENCY_MBPS, after a
+    2 s warm-up, on a topic of its own), and the endpoint's PUT latency measured directly:
+    what a WAL flush cannot be faster than."""
+    create_topic(bootstrap, "latency", 8)
+    p50, p99, _ = ack_latency(bootstrap, "latency", offered_mbps=LATENCY_MBPS, idempotent=True)
+    client, body, took = s3._client(), os.urandom(PUT_PROBE_BYTES), []
+    for i in range(20):
+        t = time.perf_counter()
+        client.put_object(Bucket=BUCKET, Key=f"probe/{i}", Body=body)
+        took.append((time.perf_counter() - t) * 1000)
+    client.delete_objects(Bucket=BUCKET, Delete={"Objects": [{"Key": f"probe/{i}"} for i in range(20)]})
+    return (p50, p99), percentile(took, 0.5)
 
 
 def tansu_run(args, workdir: Path) -> Run | str:
@@ -630,6 +655,11 @@ def report(args, runs: list[Run], tansu: Run | str, failover: Failover | None) -
     print(f"  GET target: one GET per {CHUNK // MiB} MiB chunk of the .log objects read; sidecar GETs are "
           "the .index files, HEADs the size look-ups. GB = 10^9 bytes of record values.\n"
           "  errors: answers of 400 and above in both phases (a 404 for an object not written yet counts).")
+    table(f"acks=all latency on S3 (one idempotent producer, linger.ms=1, {LATENCY_MBPS:g} MB/s offered, "
+          f"wal.flush.ms={FLUSH_MS}; a record waits for the next flush to start, then its PUT and commit)",
+          ["broker", "ack p50 ms", "ack p99 ms", f"PUT of {PUT_PROBE_BYTES // 1024} KiB, p50 ms"],
+          [[r.label, r.ack_ms[0] if r.ack_ms else None, r.ack_ms[1] if r.ack_ms else None, r.put_ms]
+           for r in runs])
     for r in runs:
         if r.gateway_ops:
             print(f"  {r.label}: gateways' own counters (since start): "

@@ -44,6 +44,7 @@ from stratalog.tiering.objectstore import open_store
 
 RECORD = 1024
 PARTITIONS = 8
+PRODUCE_VERSION = 10  # what librdkafka 2.16 sends (flexible, with tagged fields)
 
 
 def produce_body(batch: bytes, partition: int) -> dict:
@@ -77,7 +78,7 @@ async def in_process(n: int, records: int) -> list[tuple[str, float]]:
         tasks = engine.take_leadership([Assignment("bench", info.topic_id, p, 0) for p in range(PARTITIONS)])
         await asyncio.gather(*tasks)
         batch = build_batch([(None, os.urandom(RECORD), [])] * records)
-        frames = [encode_request(ApiKey.PRODUCE, 9, i, produce_body(batch, i % PARTITIONS))[4:]
+        frames = [encode_request(ApiKey.PRODUCE, PRODUCE_VERSION, i, produce_body(batch, i % PARTITIONS))[4:]
                   for i in range(PARTITIONS)]
         supported = supported_versions()
         rows = [("decode Produce request", timed(n, lambda i: decode_request(frames[i % PARTITIONS], supported)))]
@@ -106,7 +107,7 @@ async def in_process(n: int, records: int) -> list[tuple[str, float]]:
         answer = {"responses": [{"name": "bench", "partition_responses": [
             {"index": 0, "error_code": 0, "base_offset": 12345, "log_append_time_ms": -1,
              "log_start_offset": 0}]}], "throttle_time_ms": 0}
-        rows.append(("encode Produce response", timed(n, lambda i: encode_response_parts(ApiKey.PRODUCE, 9, i, answer))))
+        rows.append(("encode Produce response", timed(n, lambda i: encode_response_parts(ApiKey.PRODUCE, PRODUCE_VERSION, i, answer))))
         view = engine.leader("bench", 0)
         hw = view.high_watermark
 
@@ -136,7 +137,7 @@ async def pipelined(port: int, n: int, records: int, window: int = 64) -> float:
     """Send n acks=all produce requests on one connection, `window` in flight; seconds."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     batch = build_batch([(None, os.urandom(RECORD), [])] * records)
-    frames = [encode_request(ApiKey.PRODUCE, 9, i, produce_body(batch, i % PARTITIONS)) for i in range(n)]
+    frames = [encode_request(ApiKey.PRODUCE, PRODUCE_VERSION, i, produce_body(batch, i % PARTITIONS)) for i in range(n)]
     room = asyncio.Semaphore(window)
 
     async def answers() -> None:
@@ -189,7 +190,7 @@ async def flood(port: int, rate: float, seconds: float, connections: int, record
     `seconds`, open loop (a late answer does not hold the next request back). A request's
     latency runs from its write to its answer's arrival."""
     batch = build_batch([(None, os.urandom(RECORD), [])] * records)
-    frames = [encode_request(ApiKey.PRODUCE, 9, 0, produce_body(batch, p)) for p in range(PARTITIONS)]
+    frames = [encode_request(ApiKey.PRODUCE, PRODUCE_VERSION, 0, produce_body(batch, p)) for p in range(PARTITIONS)]
     result = Flood(seconds, [])
     start = time.perf_counter()
     end = start + warmup + seconds

@@ -242,7 +242,12 @@ def main() -> None:
     ap.add_argument("--breakdown", action="store_true", help="time each step of the scan (see above)")
     ap.add_argument("--no-kafka", action="store_true", help="skip the consumer and Parquet scans")
     ap.add_argument("--no-compact", action="store_true", help="skip the compaction run")
+    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Spark setting for the benchmark's session (repeatable)")
     args = ap.parse_args()
+    extra_conf = dict(c.split("=", 1) for c in args.conf if "=" in c)
+    if len(extra_conf) != len(args.conf):
+        ap.error("--conf takes KEY=VALUE")
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -267,7 +272,7 @@ def main() -> None:
 
         spark = get_session(args.master, app_name="stratalog-bench",
                             conf={"spark.driver.memory": "4g", "spark.sql.shuffle.partitions": "8",
-                                  "spark.ui.showConsoleProgress": "false"})
+                                  "spark.ui.showConsoleProgress": "false", **extra_conf})
         reader = spark.read.format("stratalog").option("topic", "scan")
         # Warm up the JVM and the Python workers on a sliver, so the timed scans compare
         # reading, not start-up.

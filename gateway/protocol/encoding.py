@@ -6,8 +6,9 @@ struct and version, for the dicts handlers answer with.
 same bytes or raises the precise `EncodeError` (the module docstring of `schema.py` gives
 the rules). So the compiled code only writes what is plainly right (a dict with known
 keys, lists of elements, values of the field's type) and raises `Unusual` for the rest.
-A small Produce answer encodes several times faster so; a struct with tagged fields at
-the version is left to the checked encoder.
+A small Produce answer encodes several times faster so. A struct whose version has tagged
+fields is compiled too: a dict that gives any of them a value is left to the checked
+encoder, which decides whether it differs from the default and writes it.
 """
 
 from __future__ import annotations
@@ -35,8 +36,7 @@ def compile_struct_encoder(fields: tuple, version: int, flexible: bool, *, check
     """The compiled encoder of a struct (or message body) at `version`: dicts are written
     here, anything else by `checked`; `nested` gives the compiled encoders of inner
     structs, `empty_value` what a null default goes out as where there is no null."""
-    if flexible and any(f.tag is not None and f.is_tagged(version) for f in fields):
-        return checked
+    tagged = tuple(f.name for f in fields if flexible and f.tag is not None and f.is_tagged(version))
     env: dict[str, Any] = {"checked": checked, "Unusual": Unusual, "MISSING": _MISSING, "I32": _I32,
                            "encode_uvarint": encode_uvarint, "as_uuid": as_uuid, "Message": message,
                            "known": frozenset(f.name for f in fields)}
@@ -45,6 +45,9 @@ def compile_struct_encoder(fields: tuple, version: int, flexible: bool, *, check
             "if not known.issuperset(obj):",
             "    raise Unusual('unknown key')",
             "get = obj.get"]
+    # A tagged field given a value goes to the checked encoder; absent, it is its default,
+    # which is not written: the answer then ends with "no tagged fields", as mostly.
+    body += [f"if {name!r} in obj: raise Unusual('tagged field')" for name in tagged]
     for i, f in enumerate(fields):
         if not f.present(version) or f.tag is not None:
             continue
