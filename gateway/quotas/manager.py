@@ -66,6 +66,8 @@ class ClientQuotas:
     # ---- counting and throttling ------------------------------------------------------
 
     def _rate(self, key: str, principal: str, client_id: str | None) -> tuple[float, WindowedRate] | None:
+        if not self.quotas:  # none set anywhere, as mostly: every request asks, twice
+            return None
         found = rules.applicable(self.quotas, key, user_of(principal), client_id or "")
         if found is None:
             return None
