@@ -88,8 +88,9 @@ class GatewayView:
         self.pid, self.http = pid, http
 
     def _cpu(self) -> float:
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        from common import cpu_seconds  # common imports this module: not at the top
+
+        return cpu_seconds(self.pid)
 
     def _buckets(self) -> dict[str, list[tuple[float, float]]]:
         text = urllib.request.urlopen(f"http://127.0.0.1:{self.http}/metrics", timeout=10).read().decode()

@@ -425,18 +425,30 @@ class GroupConsumer(threading.Thread):
         self.assignments += 1
 
     def run(self) -> None:
-        member = threading.Thread(target=self._consume, args=(self.consumer, 0), daemon=True)
-        member.start()
+        member = self._start_member()
         while not self._halt.wait(1.0):
-            if time.monotonic() - self._returned_at < self.STALL_S:
-                continue
-            self._member += 1
-            self.replaced += 1
-            self._returned_at = time.monotonic()
-            self.consumer = Consumer(self.config)
-            member = threading.Thread(target=self._consume, args=(self.consumer, self._member), daemon=True)
-            member.start()
+            if time.monotonic() - self._returned_at >= self.STALL_S:
+                self._member += 1
+                self.replaced += 1
+                self.consumer = Consumer(self.config)
+                member = self._start_member()
         member.join(30)
+
+    def _start_member(self) -> threading.Thread:
+        """Run the live member (`self.consumer`) on a thread of its own."""
+        self._returned_at = time.monotonic()
+        thread = threading.Thread(target=self._consume, args=(self.consumer, self._member), daemon=True)
+        thread.start()
+        return thread
+
+    def _returned(self, consumer, member: int) -> bool:
+        """A call of `member` returned: note it, or, if the member was abandoned meanwhile,
+        have it leave the group (so it holds no partitions) and say so."""
+        if member != self._member:
+            consumer.close()
+            return False
+        self._returned_at = time.monotonic()
+        return True
 
     def _consume(self, consumer, member: int) -> None:
         consumer.subscribe([self.topic], on_assign=self._on_assign)
@@ -446,9 +458,8 @@ class GroupConsumer(threading.Thread):
         pending: dict[int, int] = {}
         while not self._halt.is_set():
             msgs = consumer.consume(500, 0.5)
-            if member != self._member:
-                return self._leave(consumer)
-            self._returned_at = time.monotonic()
+            if not self._returned(consumer, member):
+                return
             for m in msgs:
                 if m.error():
                     continue
@@ -463,9 +474,8 @@ class GroupConsumer(threading.Thread):
             except KafkaException:
                 result = None
                 self.commit_failures += 1
-            if member != self._member:
-                return self._leave(consumer)
-            self._returned_at = time.monotonic()
+            if not self._returned(consumer, member):
+                return
             for tp in result or ():
                 if tp.error is None:
                     self.committed[tp.partition] = max(self.committed.get(tp.partition, 0), tp.offset)
@@ -475,11 +485,6 @@ class GroupConsumer(threading.Thread):
                 # Partitions no longer ours are committed by their next owner.
                 owned = {tp.partition for tp in consumer.assignment()}
                 pending = {p: o for p, o in pending.items() if p in owned}
-
-    @staticmethod
-    def _leave(consumer) -> None:
-        """An abandoned member that came back leaves the group, so it holds no partitions."""
-        consumer.close()
 
     def stop(self) -> None:
         if not self._halt.is_set():
