@@ -141,10 +141,14 @@ def spark_aggregate(df):
     return time.perf_counter() - started, row["n"], row["bytes"]
 
 
+def _nth(run_no: int, args) -> str:
+    return f", run {run_no + 1}" if args.repeat > 1 else ""
+
+
 def print_table(rows, args) -> None:
-    print(f"{'scan':40} {'seconds':>9} {'records':>11} {'MB/s':>9} {'records/s':>12}")
+    print(f"{'scan':48} {'seconds':>9} {'records':>11} {'MB/s':>9} {'records/s':>12}")
     for name, secs, n, nbytes in rows:
-        print(f"{name:40} {secs:9.2f} {n:11d} {nbytes / 1e6 / secs:9.1f} {n / secs:12.0f}")
+        print(f"{name:48} {secs:9.2f} {n:11d} {nbytes / 1e6 / secs:9.1f} {n / secs:12.0f}")
     print(f"(MB/s counts segment bytes read or rewritten; master {args.master}, codec {args.codec}, "
           f"{args.record_bytes}-byte records, {args.partitions} partitions)")
 
@@ -242,6 +246,11 @@ def main() -> None:
     ap.add_argument("--breakdown", action="store_true", help="time each step of the scan (see above)")
     ap.add_argument("--no-kafka", action="store_true", help="skip the consumer and Parquet scans")
     ap.add_argument("--no-compact", action="store_true", help="skip the compaction run")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="time each Spark scan this many times, one row each (the JVM's JIT "
+                         "compiles the readers during the first)")
+    ap.add_argument("--no-jvm", action="store_true",
+                    help='skip the JVM reader (format("stratalog-jvm"), whose jar needs a JDK)')
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                     help="a Spark setting for the benchmark's session (repeatable)")
     args = ap.parse_args()
@@ -270,7 +279,7 @@ def main() -> None:
         print(f"produced {count} records ({seg_bytes / MiB:.0f} MiB of segments) in "
               f"{time.perf_counter() - t0:.1f}s", file=sys.stderr)
 
-        spark = get_session(args.master, app_name="stratalog-bench",
+        spark = get_session(args.master, app_name="stratalog-bench", jvm=not args.no_jvm,
                             conf={"spark.driver.memory": "4g", "spark.sql.shuffle.partitions": "8",
                                   "spark.ui.showConsoleProgress": "false", **extra_conf})
         reader = spark.read.format("stratalog").option("topic", "scan")
@@ -279,8 +288,18 @@ def main() -> None:
         sliver = json.dumps({"scan": {str(p): min(e, 2000) for p, e in ends.items()}})
         spark_aggregate(reader.option("endingOffsets", sliver).load(spec.url))
         reader = spark.read.format("stratalog").option("topic", "scan")
-        secs, n, payload = spark_aggregate(reader.load(spec.url))
-        rows.append(("spark: stratalog segments", secs, n, seg_bytes))
+        for run_no in range(args.repeat):
+            secs, n, payload = spark_aggregate(reader.load(spec.url))
+            rows.append((f"spark: stratalog segments{_nth(run_no, args)}", secs, n, seg_bytes))
+        if not args.no_jvm:
+            jvm = spark.read.format("stratalog-jvm").option("topic", "scan")
+            spark_aggregate(jvm.option("endingOffsets", sliver).load(spec.url))
+            jvm = spark.read.format("stratalog-jvm").option("topic", "scan")
+            for run_no in range(args.repeat):
+                secs, n4, _ = spark_aggregate(jvm.load(spec.url))
+                rows.append((f"spark: JVM reader{_nth(run_no, args)}", secs, n4, seg_bytes))
+                if n4 != n:
+                    print(f"warning: the JVM reader counted {n4} records, the Python one {n}", file=sys.stderr)
 
         if args.breakdown:
             rows += breakdown(spark, spec, seg_bytes)
@@ -292,8 +311,10 @@ def main() -> None:
             reader.load(spec.url).write.parquet(str(parquet))
             parquet_bytes = sum(f.stat().st_size for f in parquet.rglob("*.parquet"))
             spark_aggregate(spark.read.parquet(str(parquet)).limit(1000))
-            secs, n3, _ = spark_aggregate(spark.read.parquet(str(parquet)))
-            rows.append((f"spark: parquet ({parquet_bytes / MiB:.0f} MiB)", secs, n3, seg_bytes))
+            for run_no in range(args.repeat):
+                secs, n3, _ = spark_aggregate(spark.read.parquet(str(parquet)))
+                rows.append((f"spark: parquet ({parquet_bytes / MiB:.0f} MiB){_nth(run_no, args)}",
+                             secs, n3, seg_bytes))
             if not n == n2 == n3 == count:
                 print(f"warning: record counts differ: {n}, {n2}, {n3}, produced {count}", file=sys.stderr)
         if args.no_compact:

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 from pyspark.sql.datasource import DataSource, DataSourceReader
 
-from stratalog.spark.metadata import open_metadata
 from stratalog.spark.options import include_headers, parse_options
-from stratalog.spark.planning import plan
+from stratalog.spark.planning import plan_read
 from stratalog.spark.reading import read_rows
 from stratalog.spark.schema import spark_schema
 
@@ -72,14 +71,7 @@ class StratalogReader(DataSourceReader):
         self.options = parse_options(options)
 
     def partitions(self):
-        store = self.options.store.open()
-        meta = open_metadata(store, self.options.topic, coordinator=self.options.coordinator,
-                             topic_id=self.options.topic_id, read_committed=self.options.read_committed)
-        try:
-            return plan(meta.snapshot(), self.options, store)
-        finally:
-            if hasattr(meta, "close"):
-                meta.close()
+        return plan_read(self.options)
 
     def read(self, partition):
         return read_rows(partition, self.options)

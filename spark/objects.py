@@ -125,6 +125,10 @@ class FileStore:
             raise ObjectStoreError(f"short read of {key}: {len(data)} of {stop - start} bytes")
         return data
 
+    def locate(self, key: str, seconds: int) -> str:
+        """Where a reader outside Python finds the object: its file URL."""
+        return self._path(key).as_uri()
+
     def size(self, key: str) -> int:
         """Size of an object in bytes; ObjectNotFound if absent."""
         try:
@@ -215,6 +219,13 @@ class S3Store:
     def _not_found(self, exc) -> bool:
         code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
         return code in ("NoSuchKey", "404", "NotFound")
+
+    def locate(self, key: str, seconds: int) -> str:
+        """Where a reader outside Python finds the object: a GET presigned for `seconds`,
+        so it needs no credentials of its own (and may ask for any byte range)."""
+        return self._client.generate_presigned_url(
+            "get_object", Params={"Bucket": self.bucket, "Key": self.prefix + check_key(key)},
+            ExpiresIn=seconds)
 
     def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         """Bytes [start, end) of an object, clamped to its size; ObjectNotFound if absent."""

@@ -25,7 +25,7 @@ from stratalog.tiering import layout
 from stratalog.tiering.index import OffsetIndex
 from stratalog.tiering.txn import AbortedTxn, decode_txnindex
 
-from stratalog.spark.metadata import PartitionSnapshot, TopicSnapshot
+from stratalog.spark.metadata import PartitionSnapshot, TopicSnapshot, open_metadata
 from stratalog.spark.options import EARLIEST, LATEST, ReadOptions
 
 class DataLoss(RuntimeError):
@@ -210,6 +210,19 @@ def _split(base: SegmentSlice, max_bytes: int, store) -> list[SegmentSlice]:
     if len(cuts) <= 2:
         return [replace(base, byte_start=lo, byte_end=hi)]
     return [replace(base, byte_start=a, byte_end=b) for a, b in zip(cuts, cuts[1:])]
+
+
+def plan_read(options: ReadOptions) -> list[SegmentSlice | WalSlice]:
+    """Every slice of a batch read, from the metadata the options name (manifests or the
+    coordinator)."""
+    store = options.store.open()
+    meta = open_metadata(store, options.topic, coordinator=options.coordinator,
+                         topic_id=options.topic_id, read_committed=options.read_committed)
+    try:
+        return plan(meta.snapshot(), options, store)
+    finally:
+        if hasattr(meta, "close"):
+            meta.close()
 
 
 def plan(snapshot: TopicSnapshot, options: ReadOptions, store=None) -> list[SegmentSlice]:

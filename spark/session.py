@@ -13,13 +13,15 @@ import os
 import sys
 
 
-def get_session(master: str | None = None, *, app_name: str = "stratalog", conf: dict | None = None):
+def get_session(master: str | None = None, *, app_name: str = "stratalog", conf: dict | None = None,
+                jvm: bool = False):
     """The active session (or a new one on `master`, default ``local[*]``), with the
     `stratalog` data source registered (also found by its short name without it, when
     the package is installed).
 
     Python workers run this interpreter unless PYSPARK_PYTHON says otherwise, so they see
-    the same installed packages as the driver.
+    the same installed packages as the driver. `jvm` adds the JVM reader's jar
+    (`spark.jvm`, built on first use; needs a JDK) so ``format("stratalog-jvm")`` works.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -33,8 +35,16 @@ def get_session(master: str | None = None, *, app_name: str = "stratalog", conf:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         settings.setdefault("spark.ui.enabled", "false")
         settings.setdefault("spark.sql.shuffle.partitions", "8")
+    if jvm:
+        from stratalog.spark.jvm import jar_path
+
+        settings["spark.jars"] = ",".join(filter(None, [settings.get("spark.jars"), str(jar_path())]))
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.dataSource.register(StratalogDataSource)
+    if jvm:
+        from stratalog.spark.jvm_plan import register
+
+        register(spark)  # the JVM reader plans in this process, not in one per query
     return spark

@@ -29,7 +29,6 @@ from stratalog.tiering.wal import check_version
 from stratalog.spark.metadata import CoordinatorMetadata, PartitionSnapshot, WalPart
 from stratalog.spark.objects import ObjectNotFound, StoreSpec
 from stratalog.spark.planning import DataLoss, SegmentSlice, WalSlice
-from stratalog.spark.reading import _Missing, batch_filter, getter, read_slice, records_of
 
 
 class WalObjectGone(Exception):
@@ -45,6 +44,8 @@ def _walk_part(part: WalPart | WalSlice, take, chunk_bytes: int):
 
 def read_wal_slice(s: WalSlice, spec: StoreSpec, store=None) -> Iterator:
     """Arrow record batches of one WAL range; re-planned from segments if it was collected."""
+    from stratalog.spark.reading import _Missing, batch_filter, getter, records_of
+
     store = store or spec.open()
     last = s.start_offset - 1  # the last offset returned so far
     try:
@@ -59,8 +60,24 @@ def read_wal_slice(s: WalSlice, spec: StoreSpec, store=None) -> Iterator:
 
 def _from_segments(s: WalSlice, spec: StoreSpec, store) -> Iterator:
     """The slice's offsets read from the segments the coordinator lists now."""
+    from stratalog.spark.reading import read_slice
+
+    seek_ts = s.seek_ts
+    for piece in segment_slices(s):
+        if seek_ts is None:
+            piece.seek_ts = None
+        for batch in read_slice(piece, spec, store):
+            if batch.num_rows:
+                seek_ts = None  # after the first record at or past it, every record counts
+            yield batch
+
+
+def segment_slices(s: WalSlice) -> list[SegmentSlice]:
+    """The slices of the segments the coordinator lists now that hold the WAL slice's
+    offsets (all with its seek timestamp, which only the first record at or past it
+    reaches); DataLoss if some were deleted rather than sealed."""
     if s.start_offset >= s.end_offset:
-        return
+        return []
     snap = CoordinatorMetadata(s.coordinator, s.topic).partition(s.topic_id, s.partition) \
         if s.coordinator else None
     segments = [seg for seg in (snap.segments if snap else ())
@@ -76,18 +93,13 @@ def _from_segments(s: WalSlice, spec: StoreSpec, store) -> Iterator:
                            f"holds offsets {s.start_offset}..{s.end_offset - 1} (retention or a "
                            "topic deletion removed them); run the query again, or set "
                            "failOnDataLoss=false to skip them")
-    seek_ts = s.seek_ts
-    for seg in segments:
-        piece = SegmentSlice(
-            topic=s.topic, partition=s.partition, key_base=seg.key_base,
-            base_offset=seg.base_offset, last_offset=seg.last_offset, size=seg.size,
-            min_timestamp=seg.min_timestamp, start_offset=max(s.start_offset, seg.base_offset),
-            end_offset=min(s.end_offset, seg.last_offset + 1), seek_ts=seek_ts, stop_ts=s.stop_ts,
-            fail_on_data_loss=s.fail_on_data_loss, chunk_bytes=s.chunk_bytes, aborted=s.aborted)
-        for batch in read_slice(piece, spec, store):
-            if batch.num_rows:
-                seek_ts = None  # after the first record at or past it, every record counts
-            yield batch
+    return [SegmentSlice(
+        topic=s.topic, partition=s.partition, key_base=seg.key_base,
+        base_offset=seg.base_offset, last_offset=seg.last_offset, size=seg.size,
+        min_timestamp=seg.min_timestamp, start_offset=max(s.start_offset, seg.base_offset),
+        end_offset=min(s.end_offset, seg.last_offset + 1), seek_ts=s.seek_ts, stop_ts=s.stop_ts,
+        fail_on_data_loss=s.fail_on_data_loss, chunk_bytes=s.chunk_bytes, aborted=s.aborted)
+        for seg in segments]
 
 
 def scan_transactions(snap: PartitionSnapshot, store,
@@ -120,6 +132,10 @@ def scan_transactions(snap: PartitionSnapshot, store,
             return Take.TAKE  # a marker: its body says commit or abort
         open_txns.setdefault(h.producer_id, h.base_offset)
         return Take.SKIP
+
+    # Imported here: planners (the driver's, the JVM reader's) import this module for
+    # this function alone, and the readers pull in NumPy and Arrow.
+    from stratalog.spark.reading import _Missing, getter
 
     get = getter(store)
     for part in parts:

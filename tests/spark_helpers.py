@@ -26,6 +26,19 @@ S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "A
           "AWS_DEFAULT_REGION": "us-east-1"}
 
 
+# Why the session has no JVM reader (`format("stratalog-jvm")`), if it has none.
+JVM_READER_MISSING: str | None = None
+READERS = ["stratalog", "stratalog-jvm"]
+
+
+def reader_format(name: str) -> str:
+    """`name`, a data source format; skips the test if it is the JVM reader and the test
+    session could not build its jar."""
+    if name == "stratalog-jvm" and JVM_READER_MISSING:
+        pytest.skip(f"no JVM reader: {JVM_READER_MISSING}")
+    return name
+
+
 def spark_session():
     """The one local SparkSession of the test run (Python workers trace their reads)."""
     pytest.importorskip("pyspark", reason="pyspark is not installed")
@@ -38,9 +51,15 @@ def spark_session():
     # Credentials for the moto server; workers inherit them from the JVM's environment.
     for key, value in S3_ENV.items():
         os.environ.setdefault(key, value)
+    from stratalog.spark.jvm import JarBuildError, jar_path
     from stratalog.spark.session import get_session
 
-    return get_session("local[2]", app_name="stratalog-tests",
+    global JVM_READER_MISSING
+    try:
+        jar_path()
+    except JarBuildError as exc:
+        JVM_READER_MISSING = str(exc).splitlines()[0]
+    return get_session("local[2]", app_name="stratalog-tests", jvm=JVM_READER_MISSING is None,
                        conf={"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false",
                              "spark.default.parallelism": "2",
                              "spark.sql.session.timeZone": "UTC",

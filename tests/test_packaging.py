@@ -43,3 +43,12 @@ def test_no_module_imports_a_bare_folder_name():
             for match in BARE.finditer(path.read_text()):
                 offenders.append(f"{path.relative_to(ROOT)}: {match.group(0).strip()}")
     assert not offenders, offenders
+
+
+def test_the_jvm_readers_sources_are_package_data():
+    """A non-editable install carries every file the jar is built from."""
+    folder = _declared_folder("stratalog.spark")
+    patterns = SETUPTOOLS["package-data"]["stratalog.spark"]
+    shipped = {p for pattern in patterns for p in folder.glob(pattern)}
+    sources = {p for p in (folder / "jvm").rglob("*") if p.is_file()}
+    assert sources and sources == shipped, sources ^ shipped

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,10 +25,13 @@ from stratalog.infra.processes import Child, ProcessFailed, accepting, free_port
 README = ROOT / "spark" / "README.md"
 
 
-def _quickstart_blocks() -> list[tuple[str, str]]:
-    text = README.read_text()
-    section = text.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+def _blocks(heading: str) -> list[tuple[str, str]]:
+    section = README.read_text().split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```(sh|python)\n(.*?)```", section, re.S)
+
+
+def _quickstart_blocks() -> list[tuple[str, str]]:
+    return _blocks("Quickstart")
 
 
 def test_the_quickstart_has_a_serve_block_a_client_block_and_a_python_block():
@@ -65,8 +69,19 @@ def test_the_spark_quickstart_runs_as_written(tmp_path):
         job = subprocess.run([sys.executable, "-c", python_block], cwd=work,
                              env={**env, "PYTHONPATH": str(site)}, capture_output=True, text=True, timeout=300)
         assert job.returncode == 0, job.stderr[-3000:]
+        # The JVM reader's block, its jar built afresh from the installed package's sources.
+        [(_, jvm_block)] = _blocks("Faster batch reads: the JVM reader")
+        jvm_job = subprocess.run([sys.executable, "-c", jvm_block], cwd=work,
+                                 env={**env, "PYTHONPATH": str(site), "STRATALOG_CACHE": str(tmp_path / "jars")},
+                                 capture_output=True, text=True, timeout=300)
     finally:
         serve.stop(30)
     out = job.stdout
     assert "k1" in out and '{"amount": 3}' in out and "k2" in out  # the show()
     assert out.strip().splitlines()[-2:] == ["1", "2"]  # the filtered count, then the stream's rows
+    if shutil.which("javac") or os.environ.get("JAVA_HOME"):
+        assert jvm_job.returncode == 0, jvm_job.stderr[-3000:]
+        assert jvm_job.stdout.strip().splitlines()[-1] == "2"
+        assert list((tmp_path / "jars").glob("stratalog-spark-*.jar"))
+    else:
+        assert "needs javac" in jvm_job.stderr

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from conftest import GatewayProcess
 from stratalog.spark.objects import StoreSpec
 from stratalog.tiering.index import OffsetIndex, TimeIndex
-from spark_helpers import (Consumed, consume_all, create_topic, gateway_on_store, produce,
-                           reads_traced, rows_of, spark_session, wait_sealed)
+from spark_helpers import (READERS, Consumed, consume_all, create_topic, gateway_on_store, produce,
+                           reader_format, reads_traced, rows_of, spark_session, wait_sealed)
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 PARTITIONS = 2
@@ -33,6 +33,12 @@ SETTINGS = {"log.roll.ms": 500, "log.segment.bytes": 6000, "log.index.interval.b
 @pytest.fixture(scope="session")
 def spark():
     return spark_session()
+
+
+@pytest.fixture(params=READERS)
+def fmt(request, spark):
+    """Both readers of a batch read: the Python data source and the JVM one."""
+    return reader_format(request.param)
 
 
 def _records(seed: int, count: int = RECORDS, partitions: int = PARTITIONS):
@@ -67,8 +73,8 @@ class Cluster:
     def __init__(self, gw: GatewayProcess, spec: StoreSpec, truth):
         self.gw, self.spec, self.truth = gw, spec, truth
 
-    def read(self, spark, topic: str, **options):
-        reader = spark.read.format("stratalog").option("topic", topic)
+    def read(self, spark, topic: str, fmt: str = "stratalog", **options):
+        reader = spark.read.format(fmt).option("topic", topic)
         if self.spec.endpoint:
             reader = reader.option("endpoint", self.spec.endpoint).option("pathStyle", "true")
         for k, v in options.items():
@@ -94,30 +100,30 @@ TOPICS = [f"codec-{c}" for c in CODECS] + ["append-time"]
 
 
 @pytest.mark.parametrize("topic", TOPICS)
-def test_spark_matches_kafka_consumer_on_file_store(spark, file_cluster, topic):
+def test_spark_matches_kafka_consumer_on_file_store(spark, fmt, file_cluster, topic):
     truth = file_cluster.truth[topic]
     assert len(truth) == RECORDS
-    got = rows_of(file_cluster.read(spark, topic))
+    got = rows_of(file_cluster.read(spark, topic, fmt))
     assert got == truth
 
 
 @pytest.mark.parametrize("topic", TOPICS)
-def test_spark_matches_kafka_consumer_on_s3(spark, s3_cluster, topic):
+def test_spark_matches_kafka_consumer_on_s3(spark, fmt, s3_cluster, topic):
     truth = s3_cluster.truth[topic]
     assert len(truth) == RECORDS
-    got = rows_of(s3_cluster.read(spark, topic))
+    got = rows_of(s3_cluster.read(spark, topic, fmt))
     assert got == truth
 
 
-def test_segments_are_input_partitions_and_large_ones_split(spark, file_cluster):
+def test_segments_are_input_partitions_and_large_ones_split(spark, fmt, file_cluster):
     spec = file_cluster.spec
     from stratalog.spark.metadata import ManifestMetadata
 
     segments = sum(len(p.segments) for p in ManifestMetadata(spec.open(), "codec-none").snapshot().partitions.values())
     assert segments > PARTITIONS  # several segments per partition
-    df = file_cluster.read(spark, "codec-none")
+    df = file_cluster.read(spark, "codec-none", fmt)
     assert df.rdd.getNumPartitions() == segments
-    split = file_cluster.read(spark, "codec-none", maxBytesPerPartition=1024)
+    split = file_cluster.read(spark, "codec-none", fmt, maxBytesPerPartition=1024)
     assert split.rdd.getNumPartitions() > segments
     assert rows_of(split) == file_cluster.truth["codec-none"]
 
@@ -177,11 +183,11 @@ def test_starting_timestamp_skips_segments_and_byte_ranges(spark, file_cluster):
     assert any(k == target.key_base + ".timeindex" for k, _, _ in reads)
 
 
-def test_upper_timestamp_bound_is_exact(spark, file_cluster):
+def test_upper_timestamp_bound_is_exact(spark, fmt, file_cluster):
     topic = "codec-snappy"
     cut = BASE_TS + 100 * 1000
     when = dt.datetime.fromtimestamp(cut / 1000, tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-    got = rows_of(file_cluster.read(spark, topic).where(f"timestamp < '{when}'"))
+    got = rows_of(file_cluster.read(spark, topic, fmt).where(f"timestamp < '{when}'"))
     assert got == [r for r in file_cluster.truth[topic] if r.timestamp < cut]
 
 
@@ -193,21 +199,21 @@ def test_assign_reads_one_partition(spark, file_cluster):
     assert all("/1/" in k for k, _, _ in _log_reads(reads))
 
 
-def test_offset_options_follow_kafka_semantics(spark, file_cluster):
+def test_offset_options_follow_kafka_semantics(spark, fmt, file_cluster):
     topic = "codec-zstd"
     start = json.dumps({topic: {"0": 20, "1": -2}})
     end = json.dumps({topic: {"0": 60, "1": 33}})
-    got = rows_of(file_cluster.read(spark, topic, startingOffsets=start, endingOffsets=end))
+    got = rows_of(file_cluster.read(spark, topic, fmt, startingOffsets=start, endingOffsets=end))
     truth = file_cluster.truth[topic]
     assert got == [r for r in truth if (r.partition == 0 and 20 <= r.offset < 60)
                    or (r.partition == 1 and r.offset < 33)]
 
 
-def test_timestamp_options_follow_kafka_semantics(spark, file_cluster):
+def test_timestamp_options_follow_kafka_semantics(spark, fmt, file_cluster):
     topic = "codec-zstd"
     truth = file_cluster.truth[topic]
     start_ts, end_ts = BASE_TS + 50_500, BASE_TS + 200_000
-    got = rows_of(file_cluster.read(spark, topic, startingTimestamp=str(start_ts),
+    got = rows_of(file_cluster.read(spark, topic, fmt, startingTimestamp=str(start_ts),
                                     endingTimestamp=json.dumps({topic: {"1": end_ts}})))
     expected = []
     for p in range(PARTITIONS):
@@ -218,16 +224,16 @@ def test_timestamp_options_follow_kafka_semantics(spark, file_cluster):
     assert got == expected
 
 
-def test_log_append_time_is_reported(spark, file_cluster):
-    got = rows_of(file_cluster.read(spark, "append-time"))
+def test_log_append_time_is_reported(spark, fmt, file_cluster):
+    got = rows_of(file_cluster.read(spark, "append-time", fmt))
     assert {r.timestamp_type for r in got} == {1}
     assert all(r.timestamp > BASE_TS + RECORDS * 1000 for r in got)  # broker time, not ours
 
 
-def test_headers_are_null_exactly_for_records_without_any(spark, file_cluster):
+def test_headers_are_null_exactly_for_records_without_any(spark, fmt, file_cluster):
     # As Spark's Kafka source gives them: null, not an empty array.
     for topic in ("codec-none", "codec-zstd"):
-        rows = file_cluster.read(spark, topic).select("partition", "offset", "headers").collect()
+        rows = file_cluster.read(spark, topic, fmt).select("partition", "offset", "headers").collect()
         truth = {(r.partition, r.offset): r.headers for r in file_cluster.truth[topic]}
         assert len(rows) == len(truth) == RECORDS
         for r in rows:
@@ -235,15 +241,40 @@ def test_headers_are_null_exactly_for_records_without_any(spark, file_cluster):
             assert (r["headers"] is None) == (not expected), (topic, r)
 
 
-def test_include_headers_false_leaves_the_column_out(spark, file_cluster):
-    df = file_cluster.read(spark, "codec-lz4", includeHeaders="false")
+def test_include_headers_false_leaves_the_column_out(spark, fmt, file_cluster):
+    df = file_cluster.read(spark, "codec-lz4", fmt, includeHeaders="false")
     assert df.columns == ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
     got = sorted((r["partition"], r["offset"], r["value"]) for r in df.collect())
     truth = sorted((r.partition, r.offset, r.value) for r in file_cluster.truth["codec-lz4"])
     assert got == truth
-    assert file_cluster.read(spark, "codec-lz4", includeHeaders="true").columns[-1] == "headers"
+    assert file_cluster.read(spark, "codec-lz4", fmt, includeHeaders="true").columns[-1] == "headers"
     with pytest.raises(Exception, match="includeHeaders"):
-        file_cluster.read(spark, "codec-lz4", includeHeaders="maybe").collect()
+        file_cluster.read(spark, "codec-lz4", fmt, includeHeaders="maybe").collect()
+
+
+def test_the_jvm_reader_plans_in_a_python_process_of_its_own_without_the_driver(spark, file_cluster):
+    """A session not made by `get_session` (spark-submit --jars, a Scala driver) has no
+    planner registered: each query starts `python -m stratalog.spark.jvm_plan`."""
+    fmt = reader_format("stratalog-jvm")
+    planner = spark.sparkContext._jvm.io.stratalog.spark.Planner
+    planner.register(None)
+    try:
+        assert rows_of(file_cluster.read(spark, "codec-zstd", fmt)) == file_cluster.truth["codec-zstd"]
+        with pytest.raises(Exception, match="startingOffsets"):
+            file_cluster.read(spark, "codec-zstd", fmt, startingOffsets="{nope").collect()
+    finally:
+        from stratalog.spark.jvm_plan import register
+
+        register(spark)
+
+
+@pytest.mark.parametrize("headers", ["true", "false"])
+def test_the_jvm_readers_schema_is_the_python_readers(spark, file_cluster, headers):
+    """The row shape is written twice (stratalog.spark.schema, Rows.java): held equal here."""
+    fmt = reader_format("stratalog-jvm")
+    jvm = file_cluster.read(spark, "codec-none", fmt, includeHeaders=headers).schema
+    python = file_cluster.read(spark, "codec-none", includeHeaders=headers).schema
+    assert jvm == python
 
 
 def test_auto_discovery_module_names_the_source():
@@ -270,20 +301,20 @@ def _copy_store(cluster, tmp_path) -> Path:
     return dst
 
 
-def test_corrupt_segment_is_an_error_not_garbage(spark, file_cluster, tmp_path):
+def test_corrupt_segment_is_an_error_not_garbage(spark, fmt, file_cluster, tmp_path):
     root = _copy_store(file_cluster, tmp_path)
     seg = _segments(file_cluster, "codec-none", 0)[1]
     path = root / (seg.key_base + ".log")
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
-    df = spark.read.format("stratalog").option("topic", "codec-none").load(root.as_uri())
+    df = spark.read.format(fmt).option("topic", "codec-none").load(root.as_uri())
     with pytest.raises(Exception, match="CorruptSegment|CRC|offsets"):
         df.collect()
 
 
 @pytest.mark.parametrize("where", ["file", "s3"])
-def test_a_flipped_bit_raises_with_the_object_and_offset(spark, where, request):
+def test_a_flipped_bit_raises_with_the_object_and_offset(spark, fmt, where, request):
     """One bit flipped under a batch's CRC (issue 14 item 5): the query fails naming the
     `.log` object, the byte and the batch's offset; no row of the damaged batch is returned."""
     import re
@@ -302,13 +333,13 @@ def test_a_flipped_bit_raises_with_the_object_and_offset(spark, where, request):
     if where == "file":
         path = _copy_store(cluster, request.getfixturevalue("tmp_path")) / key
         path.write_bytes(bytes(damaged))
-        df = spark.read.format("stratalog").option("topic", "codec-none").load(path.parents[3].as_uri())
+        df = spark.read.format(fmt).option("topic", "codec-none").load(path.parents[3].as_uri())
     else:
         import boto3
 
         s3 = boto3.client("s3", endpoint_url=cluster.spec.endpoint, region_name="us-east-1")
         s3.put_object(Bucket="logs", Key=f"cluster-a/{key}", Body=bytes(damaged))
-        df = cluster.read(spark, "codec-none")
+        df = cluster.read(spark, "codec-none", fmt)
     try:
         with pytest.raises(Exception) as caught:
             df.collect()
@@ -319,21 +350,21 @@ def test_a_flipped_bit_raises_with_the_object_and_offset(spark, where, request):
             s3.put_object(Bucket="logs", Key=f"cluster-a/{key}", Body=original)
 
 
-def test_truncated_segment_is_an_error(spark, file_cluster, tmp_path):
+def test_truncated_segment_is_an_error(spark, fmt, file_cluster, tmp_path):
     root = _copy_store(file_cluster, tmp_path)
     seg = _segments(file_cluster, "codec-gzip", 0)[0]
     path = root / (seg.key_base + ".log")
     path.write_bytes(path.read_bytes()[:-7])
-    df = spark.read.format("stratalog").option("topic", "codec-gzip").load(root.as_uri())
+    df = spark.read.format(fmt).option("topic", "codec-gzip").load(root.as_uri())
     with pytest.raises(Exception, match="CorruptSegment"):
         df.collect()
 
 
-def test_missing_segment_fails_unless_data_loss_is_allowed(spark, file_cluster, tmp_path):
+def test_missing_segment_fails_unless_data_loss_is_allowed(spark, fmt, file_cluster, tmp_path):
     root = _copy_store(file_cluster, tmp_path)
     gone = _segments(file_cluster, "codec-lz4", 1)[0]
     (root / (gone.key_base + ".log")).unlink()
-    reader = spark.read.format("stratalog").option("topic", "codec-lz4")
+    reader = spark.read.format(fmt).option("topic", "codec-lz4")
     with pytest.raises(Exception, match="DataLoss|is gone"):
         reader.load(root.as_uri()).collect()
     got = rows_of(reader.option("failOnDataLoss", "false").load(root.as_uri()))
@@ -351,17 +382,17 @@ def test_missing_segment_fails_unless_data_loss_is_allowed(spark, file_cluster, 
     ({"topic": "no-such-topic"}, "no topic 'no-such-topic' in the coordinator"),
     ({"topic": "no-such-topic", "coordinator": "none"}, "no manifest of topic"),
 ])
-def test_bad_options_fail_with_a_clear_message(spark, file_cluster, options, message):
-    reader = spark.read.format("stratalog")
+def test_bad_options_fail_with_a_clear_message(spark, fmt, file_cluster, options, message):
+    reader = spark.read.format(fmt)
     for k, v in options.items():
         reader = reader.option(k, v)
     with pytest.raises(Exception, match=message):
         reader.load(file_cluster.spec.url).collect()
 
 
-def test_bad_store_url_is_rejected(spark):
+def test_bad_store_url_is_rejected(spark, fmt):
     with pytest.raises(Exception, match="object store"):
-        spark.read.format("stratalog").option("topic", "t").load("ftp://host/x").collect()
+        spark.read.format(fmt).option("topic", "t").load("ftp://host/x").collect()
 
 
 # ---- live metadata from etcd ---------------------------------------------------------

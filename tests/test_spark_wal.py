@@ -15,8 +15,8 @@ import uuid
 import pytest
 
 from conftest import GatewayProcess
-from spark_helpers import (TRACE_FILE, Consumed, consume_all, create_topic, high_watermarks, gateway_on_store,
-                           produce, reads_traced, rows_of, spark_session)
+from spark_helpers import (READERS, TRACE_FILE, Consumed, consume_all, create_topic, high_watermarks,
+                           gateway_on_store, produce, reader_format, reads_traced, rows_of, spark_session)
 from stratalog.spark.datasource import StratalogReader
 from stratalog.spark.metadata import CoordinatorMetadata, ManifestMetadata, TopicNotFound
 from stratalog.spark.objects import TRACE_ENV, ObjectNotFound, StoreSpec
@@ -38,12 +38,18 @@ def spark():
     return spark_session()
 
 
+@pytest.fixture(params=READERS)
+def fmt(request, spark):
+    """Both readers of a batch read: the Python data source and the JVM one."""
+    return reader_format(request.param)
+
+
 class Cluster:
     def __init__(self, gw: GatewayProcess, spec: StoreSpec, data, options: dict) -> None:
         self.gw, self.spec, self.data, self.options = gw, spec, data, options
 
-    def reader(self, spark, topic: str, stream: bool = False, **options):
-        reader = (spark.readStream if stream else spark.read).format("stratalog").option("topic", topic)
+    def reader(self, spark, topic: str, stream: bool = False, fmt: str = "stratalog", **options):
+        reader = (spark.readStream if stream else spark.read).format(fmt).option("topic", topic)
         for k, v in {**self.options, **options}.items():
             reader = reader.option(k, v)
         return reader
@@ -91,7 +97,7 @@ def _wait_segments(cluster: Cluster, topic: str, timeout_s: float = 30) -> None:
         time.sleep(0.2)
 
 
-def test_batch_read_reaches_the_high_watermark_past_sealed_segments(spark, cluster):
+def test_batch_read_reaches_the_high_watermark_past_sealed_segments(spark, fmt, cluster):
     topic = _topic(cluster)
     produce(cluster.gw.bootstrap, topic, _records(240), batch_size=1024)
     _wait_segments(cluster, topic)
@@ -102,13 +108,13 @@ def test_batch_read_reaches_the_high_watermark_past_sealed_segments(spark, clust
     for p in range(PARTITIONS):  # some records sealed, the newest only in WAL objects
         assert snap[p].segments and snap[p].wal and snap[p].high_watermark == hw[p]
 
-    rows = rows_of(cluster.reader(spark, topic).load(cluster.spec.url))
+    rows = rows_of(cluster.reader(spark, topic, fmt=fmt).load(cluster.spec.url))
     assert rows == truth
     # endingOffsets=latest (the default) is the high watermark a consumer sees.
     assert {p: 1 + max(r.offset for r in rows if r.partition == p) for p in range(PARTITIONS)} == hw
     middle = {p: (snap[p].sealed_end + hw[p]) // 2 for p in range(PARTITIONS)}
     ending = '{"%s": {"0": %d, "1": %d}}' % (topic, middle[0], middle[1])
-    assert rows_of(cluster.reader(spark, topic, endingOffsets=ending).load(cluster.spec.url)) == \
+    assert rows_of(cluster.reader(spark, topic, fmt=fmt, endingOffsets=ending).load(cluster.spec.url)) == \
         [r for r in truth if r.offset < middle[r.partition]]
 
 
@@ -130,13 +136,13 @@ def test_wal_reads_fetch_only_the_partitions_asked_for(spark, cluster):
         assert any(key == k and lo <= start < end <= hi for k, lo, hi in mine), (key, start, end)
 
 
-def test_a_topic_with_nothing_sealed_is_read_not_refused(spark, cluster):
+def test_a_topic_with_nothing_sealed_is_read_not_refused(spark, fmt, cluster):
     topic = _topic(cluster, {"segment.bytes": 1 << 20})
     produce(cluster.gw.bootstrap, topic, _records(30))
     truth = consume_all(cluster.gw.bootstrap, topic, PARTITIONS)
     with pytest.raises(TopicNotFound):
         ManifestMetadata(cluster.spec.open(), topic).snapshot()
-    assert rows_of(cluster.reader(spark, topic).load(cluster.spec.url)) == truth
+    assert rows_of(cluster.reader(spark, topic, fmt=fmt).load(cluster.spec.url)) == truth
 
 
 def test_stream_picks_up_wal_only_records_within_a_trigger(spark, cluster):
@@ -196,7 +202,7 @@ def _transaction(producer: Producer, topic: str, tag: str, commit: bool | None) 
         producer.abort_transaction(30)
 
 
-def test_read_committed_hides_aborted_and_open_transactions_in_wal_ranges(spark, cluster):
+def test_read_committed_hides_aborted_and_open_transactions_in_wal_ranges(spark, fmt, cluster):
     topic = _topic(cluster, {"segment.bytes": 1 << 20})
     bootstrap = cluster.gw.bootstrap
     one = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"{topic}-1", "linger.ms": 5})
@@ -216,7 +222,8 @@ def test_read_committed_hides_aborted_and_open_transactions_in_wal_ranges(spark,
     assert not any(s.segments for s in cluster.snapshot(topic).partitions.values())
 
     def spark_rows(isolation: str):
-        return rows_of(cluster.reader(spark, topic, **{"kafka.isolation.level": isolation}).load(cluster.spec.url))
+        return rows_of(cluster.reader(spark, topic, fmt=fmt, **{"kafka.isolation.level": isolation})
+                       .load(cluster.spec.url))
 
     committed = _consumed(bootstrap, topic, "read_committed")
     values = {r.value for r in committed}
@@ -231,11 +238,12 @@ def test_read_committed_hides_aborted_and_open_transactions_in_wal_ranges(spark,
     assert spark_rows("read_committed") == committed
 
 
-def test_a_wal_object_collected_after_planning_is_read_from_its_segment(cluster):
-    topic = _topic(cluster, {"segment.bytes": 3000})
+def _collect_planned_wal(cluster: Cluster, topic: str):
+    """Plans a read of a topic whose records are all in WAL objects, then produces until
+    those objects are collected (their ranges sealed); returns the Python reader's plan
+    and its WAL slices."""
     produce(cluster.gw.bootstrap, topic, _records(16))
-    reader = StratalogReader(cluster.plan_options(topic))
-    planned = reader.partitions()
+    planned = StratalogReader(cluster.plan_options(topic)).partitions()
     wal_slices = [s for s in planned if isinstance(s, WalSlice)]
     assert wal_slices and not any(isinstance(s, SegmentSlice) for s in planned)
     # More records roll the segments by size: the planned ranges seal and their WAL
@@ -251,11 +259,50 @@ def test_a_wal_object_collected_after_planning_is_read_from_its_segment(cluster)
                 break
             assert time.monotonic() < deadline, f"WAL object {key} was never collected"
             time.sleep(0.2)
+    return planned, wal_slices
+
+
+def test_a_wal_object_collected_after_planning_is_read_from_its_segment(cluster):
+    topic = _topic(cluster, {"segment.bytes": 3000})
+    planned, wal_slices = _collect_planned_wal(cluster, topic)
     truth = consume_all(cluster.gw.bootstrap, topic, PARTITIONS)
     ends = {s.partition: s.end_offset for s in wal_slices}
     rows = [row for s in planned for batch in read_input(s, cluster.spec) for row in batch.to_pylist()]
     assert sorted((r["partition"], r["offset"], r["value"]) for r in rows) == \
         [(r.partition, r.offset, r.value) for r in truth if r.offset < ends.get(r.partition, 0)]
+
+
+def test_the_jvm_reader_replans_a_collected_wal_object_from_its_segment(spark, cluster):
+    """The JVM reader meets the same race: its slices (planned by `jvm_plan` before the
+    collection) are read afterwards by `ReadSlices`, the reader without Spark."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from stratalog.spark.jvm import jar_path, spark_jars
+    from stratalog.spark.jvm_plan import describe
+
+    reader_format("stratalog-jvm")
+    topic = _topic(cluster, {"segment.bytes": 3000})
+    options = cluster.plan_options(topic)
+    store = cluster.spec.open()
+    planned, wal_slices = _collect_planned_wal(cluster, topic)
+    request = {"python": sys.executable, "options": options,
+               "slices": [describe(s, store) for s in planned]}
+    java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else "java"
+    out = subprocess.run([java, "-cp", f"{jar_path()}{os.pathsep}{spark_jars() / '*'}",
+                          "io.stratalog.spark.ReadSlices"], input=json.dumps(request).encode(),
+                         capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr.decode()[-3000:]
+    rows = []
+    for line in out.stdout.decode().splitlines():
+        partition, offset, _, value = line.split()
+        rows.append((int(partition), int(offset), None if value == "-" else bytes.fromhex(value)))
+    truth = consume_all(cluster.gw.bootstrap, topic, PARTITIONS)
+    ends = {s.partition: s.end_offset for s in wal_slices}
+    assert rows and sorted(rows) == [(r.partition, r.offset, r.value) for r in truth
+                                     if r.offset < ends.get(r.partition, 0)]
 
 
 def test_a_corrupt_wal_range_raises_naming_object_and_offset(cluster, tmp_path):

@@ -1,0 +1,120 @@
+package io.stratalog.spark;
+
+import java.io.ByteArrayInputStream;
+import java.io.IOException;
+import java.io.InputStream;
+import java.util.Arrays;
+import java.util.zip.GZIPInputStream;
+
+import com.github.luben.zstd.RecyclingBufferPool;
+import com.github.luben.zstd.Zstd;
+import com.github.luben.zstd.ZstdInputStreamNoFinalizer;
+import net.jpountz.lz4.LZ4FrameInputStream;
+import org.xerial.snappy.Snappy;
+import org.xerial.snappy.SnappyFramedInputStream;
+import org.xerial.snappy.SnappyInputStream;
+
+/**
+ * The records sections of Kafka's codecs, read with the libraries Spark already ships.
+ * Accepts what {@code stratalog.tiering.compression} accepts (concatenated gzip members
+ * and frames; xerial, framed or bare snappy), and refuses a section that would
+ * decompress past the limit, so a hostile batch cannot exhaust an executor.
+ */
+final class Codecs {
+  static final int NONE = 0;
+  static final int GZIP = 1;
+  static final int SNAPPY = 2;
+  static final int LZ4 = 3;
+  static final int ZSTD = 4;
+  private static final String[] NAMES = {"none", "gzip", "snappy", "lz4", "zstd"};
+  private static final byte[] XERIAL = {(byte) 0x82, 'S', 'N', 'A', 'P', 'P', 'Y', 0};
+  private static final byte[] FRAMED = {(byte) 0xff, 6, 0, 0, 's', 'N', 'a', 'P', 'p', 'Y'};
+
+  private Codecs() {}
+
+  /** Decompressed bytes: {@code bytes[0, length)}. */
+  static final class Section {
+    final byte[] bytes;
+    final int length;
+
+    Section(byte[] bytes, int length) {
+      this.bytes = bytes;
+      this.length = length;
+    }
+  }
+
+  /** The decompressed section; {@link BadData} for a malformed, truncated or oversized one. */
+  static Section decompress(int codec, byte[] data, int from, int length, int limit) {
+    if (codec < 1 || codec > 4) {
+      throw new BadData("unknown compression codec " + codec);
+    }
+    String name = NAMES[codec];
+    if (length == 0) {
+      throw new BadData("empty " + name + " records section");
+    }
+    try {
+      ByteArrayInputStream raw = new ByteArrayInputStream(data, from, length);
+      // Records compress a few times over: start near the likely size, grow if needed.
+      int guess = (int) Math.min(limit + 1L, Math.max(64 << 10, 4L * length));
+      switch (codec) {
+        case GZIP:
+          return drain(new GZIPInputStream(raw, 64 << 10), guess, limit);
+        case SNAPPY:
+          if (startsWith(data, from, length, XERIAL)) {
+            return drain(new SnappyInputStream(raw), guess, limit);
+          }
+          if (startsWith(data, from, length, FRAMED)) {
+            return drain(new SnappyFramedInputStream(raw), guess, limit);
+          }
+          byte[] block = Arrays.copyOfRange(data, from, from + length);
+          if (Snappy.uncompressedLength(block) > limit) {
+            throw new BadData("records decompress to more than " + limit + " bytes");
+          }
+          byte[] plain = Snappy.uncompress(block);
+          return new Section(plain, plain.length);
+        case LZ4:
+          return drain(new LZ4FrameInputStream(raw), guess, limit);
+        default:
+          // A frame that states its size (one written whole, not streamed) is read into
+          // a buffer of that size, plus room to find the end of the stream.
+          long stated = Zstd.getFrameContentSize(data, from, length);
+          if (stated > 0 && stated <= limit) {
+            guess = (int) Math.min(limit + 1L, stated + 1);
+          }
+          return drain(new ZstdInputStreamNoFinalizer(raw, RecyclingBufferPool.INSTANCE), guess, limit);
+      }
+    } catch (IOException | RuntimeException e) {
+      if (e instanceof BadData) {
+        throw (BadData) e;
+      }
+      throw new BadData("cannot decompress " + name + " records: " + e.getMessage());
+    }
+  }
+
+  private static boolean startsWith(byte[] data, int from, int length, byte[] magic) {
+    return length >= magic.length && Arrays.equals(data, from, from + magic.length, magic, 0, magic.length);
+  }
+
+  private static Section drain(InputStream in, int guess, int limit) throws IOException {
+    try (InputStream stream = in) {
+      byte[] out = new byte[guess];
+      int n = 0;
+      while (true) {
+        if (n == out.length) {
+          if (out.length > limit) {
+            throw new BadData("records decompress to more than " + limit + " bytes");
+          }
+          out = Arrays.copyOf(out, Math.min(out.length * 2, limit + 1));
+        }
+        int got = stream.read(out, n, out.length - n);
+        if (got < 0) {
+          return new Section(out, n);
+        }
+        n += got;
+        if (n > limit) {
+          throw new BadData("records decompress to more than " + limit + " bytes");
+        }
+      }
+    }
+  }
+}
