@@ -10,7 +10,8 @@ import uuid
 
 import pytest
 
-from spark_helpers import Consumed, create_topic, gateway_on_store, rows_of, spark_session
+import spark_helpers
+from spark_helpers import READERS, Consumed, create_topic, gateway_on_store, rows_of, spark_session
 from stratalog.spark.metadata import ManifestMetadata, TopicNotFound
 from stratalog.spark.objects import StoreSpec
 from stratalog.spark.options import OptionError, parse_options
@@ -35,10 +36,17 @@ def store(request, tmp_path_factory):
 
 
 def _read(spark, spec: StoreSpec, topic: str, isolation: str):
-    reader = spark.read.format("stratalog").option("topic", topic).option("kafka.isolation.level", isolation)
-    if spec.endpoint:
-        reader = reader.option("endpoint", spec.endpoint).option("pathStyle", "true")
-    return rows_of(reader.load(spec.url))
+    """The rows both readers return (the JVM one when the session has it); they must agree."""
+    got = []
+    for fmt in READERS:
+        if fmt == "stratalog-jvm" and spark_helpers.JVM_READER_MISSING:
+            continue
+        reader = spark.read.format(fmt).option("topic", topic).option("kafka.isolation.level", isolation)
+        if spec.endpoint:
+            reader = reader.option("endpoint", spec.endpoint).option("pathStyle", "true")
+        got.append(rows_of(reader.load(spec.url)))
+    assert all(rows == got[0] for rows in got), "the JVM reader and the Python reader disagree"
+    return got[0]
 
 
 def _consumed(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[Consumed]:
