@@ -43,8 +43,11 @@ final class Codecs {
     }
   }
 
-  /** The decompressed section; {@link BadData} for a malformed, truncated or oversized one. */
-  static Section decompress(int codec, byte[] data, int from, int length, int limit) {
+  /**
+   * The decompressed section, in {@code reuse} when it is large enough; {@link BadData}
+   * for a malformed, truncated or oversized one.
+   */
+  static Section decompress(int codec, byte[] data, int from, int length, int limit, byte[] reuse) {
     if (codec < 1 || codec > 4) {
       throw new BadData("unknown compression codec " + codec);
     }
@@ -58,13 +61,13 @@ final class Codecs {
       int guess = (int) Math.min(limit + 1L, Math.max(64 << 10, 4L * length));
       switch (codec) {
         case GZIP:
-          return drain(new GZIPInputStream(raw, 64 << 10), guess, limit);
+          return drain(new GZIPInputStream(raw, 64 << 10), buffer(reuse, guess), limit);
         case SNAPPY:
           if (startsWith(data, from, length, XERIAL)) {
-            return drain(new SnappyInputStream(raw), guess, limit);
+            return drain(new SnappyInputStream(raw), buffer(reuse, guess), limit);
           }
           if (startsWith(data, from, length, FRAMED)) {
-            return drain(new SnappyFramedInputStream(raw), guess, limit);
+            return drain(new SnappyFramedInputStream(raw), buffer(reuse, guess), limit);
           }
           byte[] block = Arrays.copyOfRange(data, from, from + length);
           if (Snappy.uncompressedLength(block) > limit) {
@@ -73,7 +76,7 @@ final class Codecs {
           byte[] plain = Snappy.uncompress(block);
           return new Section(plain, plain.length);
         case LZ4:
-          return drain(new LZ4FrameInputStream(raw), guess, limit);
+          return drain(new LZ4FrameInputStream(raw), buffer(reuse, guess), limit);
         default:
           // A frame that states its size (one written whole, not streamed) is read into
           // a buffer of that size, plus room to find the end of the stream.
@@ -81,7 +84,7 @@ final class Codecs {
           if (stated > 0 && stated <= limit) {
             guess = (int) Math.min(limit + 1L, stated + 1);
           }
-          return drain(new ZstdInputStreamNoFinalizer(raw, RecyclingBufferPool.INSTANCE), guess, limit);
+          return drain(new ZstdInputStreamNoFinalizer(raw, RecyclingBufferPool.INSTANCE), buffer(reuse, guess), limit);
       }
     } catch (IOException | RuntimeException e) {
       if (e instanceof BadData) {
@@ -95,9 +98,13 @@ final class Codecs {
     return length >= magic.length && Arrays.equals(data, from, from + magic.length, magic, 0, magic.length);
   }
 
-  private static Section drain(InputStream in, int guess, int limit) throws IOException {
+  private static byte[] buffer(byte[] reuse, int guess) {
+    return reuse != null && reuse.length >= guess ? reuse : new byte[guess];
+  }
+
+  private static Section drain(InputStream in, byte[] buffer, int limit) throws IOException {
     try (InputStream stream = in) {
-      byte[] out = new byte[guess];
+      byte[] out = buffer;
       int n = 0;
       while (true) {
         if (n == out.length) {

@@ -59,6 +59,8 @@ final class SliceReader implements PartitionReader<InternalRow> {
   private boolean logAppendTime;
 
   private InternalRow current;
+  /** The last decompressed section's array, reused for the next. */
+  private byte[] scratch;
 
   SliceReader(Slice slice, Rows rows, Planner planner, Map<String, String> options) {
     this.rows = rows;
@@ -223,10 +225,11 @@ final class SliceReader implements PartitionReader<InternalRow> {
       Codecs.Section plain;
       try {
         plain = Codecs.decompress(codec, buf, at + HEADER_SIZE, (int) size - HEADER_SIZE,
-            piece.maxDecompressedBytes);
+            piece.maxDecompressedBytes, scratch);
       } catch (BadData e) {
         throw corruptBatch(e.getMessage());
       }
+      scratch = plain.bytes;  // the next batch decompresses into it again
       rec = plain.bytes;
       recPos = 0;
       recEnd = plain.length;
@@ -378,12 +381,18 @@ final class SliceReader implements PartitionReader<InternalRow> {
         + " (offset " + baseOffset + "): " + what);
   }
 
-  /** The object's bytes around the walk's position, fetched {@code chunk} bytes at a time. */
+  /**
+   * The object's bytes around the walk's position, fetched {@code chunk} bytes at a time
+   * into two arrays used in turn (arrays of megabytes are costly to allocate on the
+   * JVM's heap; a batch handed out from one is decoded before the other is refilled).
+   */
   final class Window {
     private final ObjectSource source;
     private final long end;
     private final int chunk;
     private byte[] buf = new byte[0];
+    private int length;
+    private byte[] spare;
     private long start;
     /** Where the bytes last asked for begin in the returned array. */
     int offset;
@@ -394,15 +403,16 @@ final class SliceReader implements PartitionReader<InternalRow> {
       this.chunk = chunk;
     }
 
-    byte[] bytes(long at, int length) {
+    byte[] bytes(long at, int wanted) {
       long off = at - start;
-      if (off < 0 || off + length > buf.length) {
-        // The part of the old buffer still wanted moves to the front of the new one and
-        // the object's next bytes are read in after it (no batch is ever split).
-        int keep = off >= 0 && off < buf.length ? buf.length - (int) off : 0;
+      if (off < 0 || off + wanted > length) {
+        // The part of the current bytes still wanted moves to the front of the other
+        // array and the object's next bytes are read in after it.
+        int keep = off >= 0 && off < length ? length - (int) off : 0;
         long from = at + keep;
-        long to = Math.min(end, Math.max(at + length, from + chunk));
-        byte[] next = new byte[keep + (int) (to - from)];
+        long to = Math.min(end, Math.max(at + wanted, from + chunk));
+        int need = keep + (int) (to - from);
+        byte[] next = spare != null && spare.length >= need ? spare : new byte[need];
         if (keep > 0) {
           System.arraycopy(buf, (int) off, next, 0, keep);
         }
@@ -410,7 +420,9 @@ final class SliceReader implements PartitionReader<InternalRow> {
         if (got != to - from) {
           throw corrupt(from + got, "object ends at " + (from + got) + ", the manifest says " + end);
         }
+        spare = buf;
         buf = next;
+        length = need;
         start = at;
         off = 0;
       }
