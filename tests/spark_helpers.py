@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -277,3 +278,18 @@ def install_as_users_do(site: Path) -> Path:
             pytest.skip("pip cannot reach a package index here for the build backend")
         raise AssertionError(f"pip install --target failed: {install.stderr[-2000:]}")
     return site
+
+
+def read_slices_on_the_jvm(slices: list[dict], options: dict) -> subprocess.CompletedProcess:
+    """`io.stratalog.spark.ReadSlices` (the JVM reader without Spark) over slices as
+    `stratalog.spark.jvm_plan` describes them; its stdout has a line per row."""
+    import json
+
+    from stratalog.spark.jvm import jar_path, spark_jars
+
+    reader_format("stratalog-jvm")
+    java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else "java"
+    request = {"python": sys.executable, "options": options, "slices": slices}
+    return subprocess.run([java, "-cp", f"{jar_path()}{os.pathsep}{spark_jars() / '*'}",
+                           "io.stratalog.spark.ReadSlices"], input=json.dumps(request).encode(),
+                          capture_output=True, timeout=120)

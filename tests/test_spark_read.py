@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import random
+import re
 import shutil
 import time
 from pathlib import Path
@@ -21,7 +22,8 @@ from conftest import GatewayProcess
 from stratalog.spark.objects import StoreSpec
 from stratalog.tiering.index import OffsetIndex, TimeIndex
 from spark_helpers import (READERS, Consumed, consume_all, create_topic, gateway_on_store, produce,
-                           reader_format, reads_traced, rows_of, spark_session, wait_sealed)
+                           read_slices_on_the_jvm, reader_format, reads_traced, rows_of, spark_session,
+                           wait_sealed)
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 PARTITIONS = 2
@@ -348,6 +350,22 @@ def test_a_flipped_bit_raises_with_the_object_and_offset(spark, fmt, where, requ
     finally:
         if where == "s3":
             s3.put_object(Bucket="logs", Key=f"cluster-a/{key}", Body=original)
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_the_jvm_reader_bounds_what_a_batch_decompresses_to(spark, file_cluster, codec):
+    """A batch decompressing past the bound (128 MiB in use; 1000 bytes here, so real
+    batches exceed it) fails naming the object, byte and offset; nothing of it is read."""
+    from stratalog.spark.jvm_plan import answer
+
+    options = {"topic": f"codec-{codec}", "path": file_cluster.spec.url}
+    slices = answer({"mode": "plan", "options": options})["slices"]
+    out = read_slices_on_the_jvm([{**s, "max_decompressed_bytes": 1000} for s in slices], options)
+    assert out.returncode != 0 and not out.stdout
+    assert re.search(r"CorruptSegment: \S+\.log batch at byte \d+ \(offset \d+\): .*more than 1000 bytes",
+                     out.stderr.decode()), out.stderr.decode()[-2000:]
+    whole = read_slices_on_the_jvm(slices, options)
+    assert whole.returncode == 0 and len(whole.stdout.decode().splitlines()) == RECORDS
 
 
 def test_truncated_segment_is_an_error(spark, fmt, file_cluster, tmp_path):

@@ -16,7 +16,8 @@ import pytest
 
 from conftest import GatewayProcess
 from spark_helpers import (READERS, TRACE_FILE, Consumed, consume_all, create_topic, high_watermarks,
-                           gateway_on_store, produce, reader_format, reads_traced, rows_of, spark_session)
+                           gateway_on_store, produce, read_slices_on_the_jvm, reader_format, reads_traced, rows_of,
+                           spark_session)
 from stratalog.spark.datasource import StratalogReader
 from stratalog.spark.metadata import CoordinatorMetadata, ManifestMetadata, TopicNotFound
 from stratalog.spark.objects import TRACE_ENV, ObjectNotFound, StoreSpec
@@ -275,12 +276,6 @@ def test_a_wal_object_collected_after_planning_is_read_from_its_segment(cluster)
 def test_the_jvm_reader_replans_a_collected_wal_object_from_its_segment(spark, cluster):
     """The JVM reader meets the same race: its slices (planned by `jvm_plan` before the
     collection) are read afterwards by `ReadSlices`, the reader without Spark."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    from stratalog.spark.jvm import jar_path, spark_jars
     from stratalog.spark.jvm_plan import describe
 
     reader_format("stratalog-jvm")
@@ -288,12 +283,7 @@ def test_the_jvm_reader_replans_a_collected_wal_object_from_its_segment(spark, c
     options = cluster.plan_options(topic)
     store = cluster.spec.open()
     planned, wal_slices = _collect_planned_wal(cluster, topic)
-    request = {"python": sys.executable, "options": options,
-               "slices": [describe(s, store) for s in planned]}
-    java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else "java"
-    out = subprocess.run([java, "-cp", f"{jar_path()}{os.pathsep}{spark_jars() / '*'}",
-                          "io.stratalog.spark.ReadSlices"], input=json.dumps(request).encode(),
-                         capture_output=True, timeout=120)
+    out = read_slices_on_the_jvm([describe(s, store) for s in planned], options)
     assert out.returncode == 0, out.stderr.decode()[-3000:]
     rows = []
     for line in out.stdout.decode().splitlines():

@@ -6,9 +6,8 @@ import java.io.InputStream;
 import java.util.Arrays;
 import java.util.zip.GZIPInputStream;
 
-import com.github.luben.zstd.RecyclingBufferPool;
 import com.github.luben.zstd.Zstd;
-import com.github.luben.zstd.ZstdInputStreamNoFinalizer;
+import com.github.luben.zstd.ZstdException;
 import net.jpountz.lz4.LZ4FrameInputStream;
 import org.xerial.snappy.Snappy;
 import org.xerial.snappy.SnappyFramedInputStream;
@@ -78,13 +77,7 @@ final class Codecs {
         case LZ4:
           return drain(new LZ4FrameInputStream(raw), buffer(reuse, guess), limit);
         default:
-          // A frame that states its size (one written whole, not streamed) is read into
-          // a buffer of that size, plus room to find the end of the stream.
-          long stated = Zstd.getFrameContentSize(data, from, length);
-          if (stated > 0 && stated <= limit) {
-            guess = (int) Math.min(limit + 1L, stated + 1);
-          }
-          return drain(new ZstdInputStreamNoFinalizer(raw, RecyclingBufferPool.INSTANCE), buffer(reuse, guess), limit);
+          return zstd(data, from, length, buffer(reuse, guess), limit);
       }
     } catch (IOException | RuntimeException e) {
       if (e instanceof BadData) {
@@ -96,6 +89,37 @@ final class Codecs {
 
   private static boolean startsWith(byte[] data, int from, int length, byte[] magic) {
     return length >= magic.length && Arrays.equals(data, from, from + magic.length, magic, 0, magic.length);
+  }
+
+  /**
+   * Every frame of the section decompressed in one call (no stream buffers, one native
+   * call per batch); an output array found too small is doubled, up to the limit.
+   */
+  private static Section zstd(byte[] data, int from, int length, byte[] out, int limit) {
+    long stated = Zstd.getFrameContentSize(data, from, length);
+    if (stated > limit) {
+      throw new BadData("records decompress to more than " + limit + " bytes");
+    }
+    if (stated > out.length) {
+      out = new byte[(int) stated];
+    }
+    while (true) {
+      try {
+        long n = Zstd.decompressByteArray(out, 0, out.length, data, from, length);
+        if (n > limit) {
+          throw new BadData("records decompress to more than " + limit + " bytes");
+        }
+        return new Section(out, (int) n);
+      } catch (ZstdException e) {
+        if (e.getErrorCode() != Zstd.errDstSizeTooSmall()) {
+          throw new BadData("cannot decompress zstd records: " + e.getMessage());
+        }
+      }
+      if (out.length > limit) {
+        throw new BadData("records decompress to more than " + limit + " bytes");
+      }
+      out = new byte[(int) Math.min(limit + 1L, 2L * out.length)];
+    }
   }
 
   private static byte[] buffer(byte[] reuse, int guess) {
