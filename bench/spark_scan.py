@@ -1,6 +1,7 @@
-"""Spark scan of sealed segments, side by side in one run with a Kafka consumer reading the
-same topic through a gateway and with Spark reading the same records from Parquet; plus
-compaction throughput.
+"""Spark scan of sealed segments, by the Python reader (`format("stratalog")`) and the JVM
+reader (`format("stratalog-jvm")`), side by side in one run with a Kafka consumer reading
+the same topic through a gateway and with Spark reading the same records from Parquet;
+plus compaction throughput.
 
     .venv/bin/python bench/spark_scan.py [--gib 1.0] [--record-bytes 1024] [--partitions 4]
                                          [--codec none] [--compact-gib 0.25] [--master local[*]]
