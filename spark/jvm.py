@@ -59,8 +59,9 @@ def _javac() -> str:
 def jar_path(cache_dir: Path | None = None) -> Path:
     """The jar for these sources and this Spark, built if it is not in the cache yet."""
     jars = spark_jars()
+    files = _files()
     digest = hashlib.sha256()
-    for f in _files():
+    for f in files:
         digest.update(str(f.relative_to(SOURCES)).encode() + b"\0" + f.read_bytes() + b"\0")
     digest.update(",".join(sorted(p.name for p in jars.glob("spark-sql*.jar"))).encode())
     cache = Path(cache_dir or os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "stratalog")
@@ -70,7 +71,7 @@ def jar_path(cache_dir: Path | None = None) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="stratalog-jar-") as tmp:
         classes = Path(tmp) / "classes"
-        sources = [str(f) for f in _files() if f.suffix == ".java"]
+        sources = [str(f) for f in files if f.suffix == ".java"]
         run = subprocess.run([_javac(), "--release", JAVA_RELEASE, "-nowarn", "-encoding", "UTF-8",
                               "-cp", str(jars / "*"), "-d", str(classes), *sources],
                              capture_output=True, text=True)

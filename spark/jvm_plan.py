@@ -24,10 +24,9 @@ from dataclasses import asdict, replace
 
 from stratalog.tiering import layout
 from stratalog.tiering.compression import MAX_DECOMPRESSED_BYTES
-from stratalog.tiering.index import OffsetIndex
 
 from stratalog.spark.options import OptionError, parse_options
-from stratalog.spark.planning import SegmentSlice, WalSlice, plan_read
+from stratalog.spark.planning import SegmentSlice, WalSlice, plan_read, segment_index
 
 # How long a presigned GET stays valid: a scan's tasks must start within it.
 PRESIGN_SECONDS = 6 * 3600
@@ -38,7 +37,7 @@ def answer(request: dict) -> dict:
     options = parse_options(request["options"])
     store = options.store.open()
     if request["mode"] == "plan":
-        slices = plan_read(options)
+        slices = plan_read(options, store)
     elif request["mode"] == "replan":
         from stratalog.spark.walread import segment_slices
 
@@ -61,10 +60,10 @@ def describe(s: SegmentSlice | WalSlice, store) -> dict:
         "max_decompressed_bytes": MAX_DECOMPRESSED_BYTES,
     }
     if isinstance(s, WalSlice):
-        return {**common, "kind": "wal", "key": s.key, "location": store.locate(s.key, PRESIGN_SECONDS),
+        return {**common, "key": s.key, "location": store.locate(s.key, PRESIGN_SECONDS),
                 "byte_start": s.position, "byte_end": s.position + s.length, "replan": asdict(s)}
     key = s.key_base + layout.LOG
-    return {**common, "kind": "segment", "key": key, "location": store.locate(key, PRESIGN_SECONDS),
+    return {**common, "key": key, "location": store.locate(key, PRESIGN_SECONDS),
             "byte_start": _first_byte(s, store), "byte_end": s.size if s.byte_end is None else s.byte_end,
             "replan": None}
 
@@ -75,11 +74,8 @@ def _first_byte(s: SegmentSlice, store) -> int:
     batch from there, so an unusable index only costs reading from the start."""
     if s.byte_end is not None or s.start_offset <= s.base_offset:
         return s.byte_start
-    try:
-        index = OffsetIndex.from_bytes(s.base_offset, store.get(s.key_base + layout.INDEX))
-        return max(s.byte_start, index.lookup(s.start_offset)[1])
-    except Exception:
-        return s.byte_start
+    index = segment_index(s, store)
+    return s.byte_start if index is None else max(s.byte_start, index.lookup(s.start_offset)[1])
 
 
 def respond(request: dict, *, trace: bool = True) -> dict:

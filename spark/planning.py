@@ -191,9 +191,8 @@ def _split(base: SegmentSlice, max_bytes: int, store) -> list[SegmentSlice]:
     """Cut a large segment into byte ranges at batch starts the `.index` names."""
     if store is None or base.size <= max_bytes or base.seek_ts is not None or base.stop_ts is not None:
         return [base]
-    try:
-        index = OffsetIndex.from_bytes(base.base_offset, store.get(base.key_base + layout.INDEX))
-    except Exception:  # no usable index: read the segment whole, the reader checks everything
+    index = segment_index(base, store)
+    if index is None:  # no usable index: read the segment whole, the reader checks everything
         return [base]
     entries = index.entries()
     offsets = [o for o, _ in entries]
@@ -212,10 +211,19 @@ def _split(base: SegmentSlice, max_bytes: int, store) -> list[SegmentSlice]:
     return [replace(base, byte_start=a, byte_end=b) for a, b in zip(cuts, cuts[1:])]
 
 
-def plan_read(options: ReadOptions) -> list[SegmentSlice | WalSlice]:
+def segment_index(s: SegmentSlice, store) -> OffsetIndex | None:
+    """The slice's segment `.index`, or None when it cannot be read or parsed (a reader
+    then starts at the segment's first batch and checks every batch from there)."""
+    try:
+        return OffsetIndex.from_bytes(s.base_offset, store.get(s.key_base + layout.INDEX))
+    except Exception:
+        return None
+
+
+def plan_read(options: ReadOptions, store=None) -> list[SegmentSlice | WalSlice]:
     """Every slice of a batch read, from the metadata the options name (manifests or the
     coordinator)."""
-    store = options.store.open()
+    store = store or options.store.open()
     meta = open_metadata(store, options.topic, coordinator=options.coordinator,
                          topic_id=options.topic_id, read_committed=options.read_committed)
     try:

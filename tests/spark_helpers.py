@@ -40,6 +40,13 @@ def reader_format(name: str) -> str:
     return name
 
 
+@pytest.fixture(params=READERS)
+def fmt(request, spark):
+    """Both readers of a batch read: the Python data source and the JVM one (the module
+    using it defines `spark`)."""
+    return reader_format(request.param)
+
+
 def spark_session():
     """The one local SparkSession of the test run (Python workers trace their reads)."""
     pytest.importorskip("pyspark", reason="pyspark is not installed")

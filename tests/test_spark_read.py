@@ -21,9 +21,10 @@ from hypothesis import strategies as st
 from conftest import GatewayProcess
 from stratalog.spark.objects import StoreSpec
 from stratalog.tiering.index import OffsetIndex, TimeIndex
-from spark_helpers import (READERS, Consumed, consume_all, create_topic, gateway_on_store, produce,
+from spark_helpers import (Consumed, consume_all, create_topic, gateway_on_store, produce,
                            read_slices_on_the_jvm, reader_format, reads_traced, rows_of, spark_session,
                            wait_sealed)
+from spark_helpers import fmt  # noqa: F401 - both readers, a fixture
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 PARTITIONS = 2
@@ -35,12 +36,6 @@ SETTINGS = {"log.roll.ms": 500, "log.segment.bytes": 6000, "log.index.interval.b
 @pytest.fixture(scope="session")
 def spark():
     return spark_session()
-
-
-@pytest.fixture(params=READERS)
-def fmt(request, spark):
-    """Both readers of a batch read: the Python data source and the JVM one."""
-    return reader_format(request.param)
 
 
 def _records(seed: int, count: int = RECORDS, partitions: int = PARTITIONS):

@@ -15,9 +15,10 @@ import uuid
 import pytest
 
 from conftest import GatewayProcess
-from spark_helpers import (READERS, TRACE_FILE, Consumed, consume_all, create_topic, high_watermarks,
+from spark_helpers import (TRACE_FILE, Consumed, consume_all, create_topic, high_watermarks,
                            gateway_on_store, produce, read_slices_on_the_jvm, reader_format, reads_traced, rows_of,
                            spark_session)
+from spark_helpers import fmt  # noqa: F401 - both readers, a fixture
 from stratalog.spark.datasource import StratalogReader
 from stratalog.spark.metadata import CoordinatorMetadata, ManifestMetadata, TopicNotFound
 from stratalog.spark.objects import TRACE_ENV, ObjectNotFound, StoreSpec
@@ -37,12 +38,6 @@ BASE_TS = (int(time.time()) - 3600) * 1000
 @pytest.fixture(scope="session")
 def spark():
     return spark_session()
-
-
-@pytest.fixture(params=READERS)
-def fmt(request, spark):
-    """Both readers of a batch read: the Python data source and the JVM one."""
-    return reader_format(request.param)
 
 
 class Cluster:

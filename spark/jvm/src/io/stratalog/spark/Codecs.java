@@ -70,7 +70,7 @@ final class Codecs {
           }
           byte[] block = Arrays.copyOfRange(data, from, from + length);
           if (Snappy.uncompressedLength(block) > limit) {
-            throw new BadData("records decompress to more than " + limit + " bytes");
+            throw tooLarge(limit);
           }
           byte[] plain = Snappy.uncompress(block);
           return new Section(plain, plain.length);
@@ -98,7 +98,7 @@ final class Codecs {
   private static Section zstd(byte[] data, int from, int length, byte[] out, int limit) {
     long stated = Zstd.getFrameContentSize(data, from, length);
     if (stated > limit) {
-      throw new BadData("records decompress to more than " + limit + " bytes");
+      throw tooLarge(limit);
     }
     if (stated > out.length) {
       out = new byte[(int) stated];
@@ -107,7 +107,7 @@ final class Codecs {
       try {
         long n = Zstd.decompressByteArray(out, 0, out.length, data, from, length);
         if (n > limit) {
-          throw new BadData("records decompress to more than " + limit + " bytes");
+          throw tooLarge(limit);
         }
         return new Section(out, (int) n);
       } catch (ZstdException e) {
@@ -116,10 +116,14 @@ final class Codecs {
         }
       }
       if (out.length > limit) {
-        throw new BadData("records decompress to more than " + limit + " bytes");
+        throw tooLarge(limit);
       }
       out = new byte[(int) Math.min(limit + 1L, 2L * out.length)];
     }
+  }
+
+  private static BadData tooLarge(int limit) {
+    return new BadData("records decompress to more than " + limit + " bytes");
   }
 
   private static byte[] buffer(byte[] reuse, int guess) {
@@ -133,7 +137,7 @@ final class Codecs {
       while (true) {
         if (n == out.length) {
           if (out.length > limit) {
-            throw new BadData("records decompress to more than " + limit + " bytes");
+            throw tooLarge(limit);
           }
           out = Arrays.copyOf(out, Math.min(out.length * 2, limit + 1));
         }
@@ -143,7 +147,7 @@ final class Codecs {
         }
         n += got;
         if (n > limit) {
-          throw new BadData("records decompress to more than " + limit + " bytes");
+          throw tooLarge(limit);
         }
       }
     }

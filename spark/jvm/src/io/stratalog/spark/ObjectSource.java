@@ -38,18 +38,11 @@ abstract class ObjectSource implements AutoCloseable {
     return new HttpSource(key, URI.create(location));
   }
 
-  /** Bytes {@code [start, end)}, fewer if the object ends first. */
-  abstract byte[] read(long start, long end);
-
   /**
    * Bytes {@code [start, start + length)} into {@code dst} at {@code at}; how many there
    * were (fewer if the object ends first).
    */
-  int readInto(long start, byte[] dst, int at, int length) {
-    byte[] data = read(start, start + length);
-    System.arraycopy(data, 0, dst, at, data.length);
-    return data.length;
-  }
+  abstract int readInto(long start, byte[] dst, int at, int length);
 
   @Override
   public void close() {}
@@ -61,13 +54,6 @@ abstract class ObjectSource implements AutoCloseable {
     FileSource(String key, Path path) {
       super(key);
       this.path = path;
-    }
-
-    @Override
-    byte[] read(long start, long end) {
-      byte[] out = new byte[Math.toIntExact(Math.max(0, end - start))];
-      int n = readInto(start, out, 0, out.length);
-      return n == out.length ? out : Arrays.copyOf(out, n);
     }
 
     @Override
@@ -116,7 +102,14 @@ abstract class ObjectSource implements AutoCloseable {
     }
 
     @Override
-    byte[] read(long start, long end) {
+    int readInto(long start, byte[] dst, int at, int length) {
+      byte[] data = fetch(start, start + length);
+      System.arraycopy(data, 0, dst, at, data.length);
+      return data.length;
+    }
+
+    /** Bytes {@code [start, end)}, fewer if the object ends first. */
+    private byte[] fetch(long start, long end) {
       if (start >= end) {
         return new byte[0];
       }

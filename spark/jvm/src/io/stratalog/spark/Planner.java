@@ -56,10 +56,6 @@ public final class Planner implements Serializable {
     return new Planner("python3");
   }
 
-  String python() {
-    return python;
-  }
-
   /** Every slice of a batch read with these options. */
   List<Slice> plan(Map<String, String> options) {
     ObjectNode request = JSON.createObjectNode();

@@ -99,20 +99,8 @@ final class Rows {
     writer.zeroOutNullBytes();
     for (int i = 0; i < fields.length; i++) {
       switch (fields[i]) {
-        case 0:
-          if (keyLen < 0) {
-            writer.setNullAt(i);
-          } else {
-            writer.write(i, rec, keyAt, keyLen);
-          }
-          break;
-        case 1:
-          if (valueLen < 0) {
-            writer.setNullAt(i);
-          } else {
-            writer.write(i, rec, valueAt, valueLen);
-          }
-          break;
+        case 0: writeBytes(i, rec, keyAt, keyLen); break;
+        case 1: writeBytes(i, rec, valueAt, valueLen); break;
         case 2: writer.write(i, topic); break;
         case 3: writer.write(i, partition); break;
         case 4: writer.write(i, offset); break;
@@ -121,6 +109,15 @@ final class Rows {
       }
     }
     return writer.getRow();
+  }
+
+  /** {@code rec[at, at + length)} as column {@code i}, null for a length of -1. */
+  private void writeBytes(int i, byte[] rec, int at, int length) {
+    if (length < 0) {
+      writer.setNullAt(i);
+    } else {
+      writer.write(i, rec, at, length);
+    }
   }
 
   static GenericArrayData headers(Object[] pairs) {

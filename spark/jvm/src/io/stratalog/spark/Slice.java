@@ -13,7 +13,6 @@ import org.apache.spark.sql.connector.read.InputPartition;
 final class Slice implements InputPartition {
   private static final long serialVersionUID = 1L;
 
-  final boolean wal;
   final String topic;
   final int partition;
   final String key;
@@ -32,11 +31,13 @@ final class Slice implements InputPartition {
   final boolean failOnDataLoss;
   final int chunkBytes;
   final int maxDecompressedBytes;
-  /** For a WAL range: the slice as the Python planner re-plans it if its object is gone. */
+  /**
+   * A WAL range's slice as the Python planner re-plans it if its object is gone; null for
+   * a sealed segment's slice.
+   */
   final String replan;
 
   Slice(JsonNode n) {
-    wal = "wal".equals(n.get("kind").asText());
     topic = n.get("topic").asText();
     partition = n.get("partition").asInt();
     key = n.get("key").asText();

@@ -136,7 +136,7 @@ final class SliceReader implements PartitionReader<InternalRow> {
   }
 
   private void whenGone(Slice lost, String key) {
-    if (lost.wal && lost.replan != null) {
+    if (lost.replan != null) {  // a WAL range: its offsets are in segments now
       if (lastReturned + 1 >= lost.endOffset) {
         return;
       }

@@ -17,17 +17,16 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 
 /**
  * One batch read: the columns the query needs (only those are built), the slices the
- * Python planner names, and a reader per slice. Each {@code toBatch} plans afresh, so
- * nothing of one query's plan is reused by the next.
+ * Python planner names, and a reader per slice. Spark builds a new scan for every query,
+ * so nothing of one query's plan is reused by the next.
  */
 final class TopicScan implements ScanBuilder, SupportsPushDownRequiredColumns, Scan, Batch {
-  private final StructType full;
   private final Map<String, String> options;
+  private final Planner planner = Planner.forDriver();
   private StructType required;
   private InputPartition[] planned;
 
   TopicScan(StructType schema, CaseInsensitiveStringMap options) {
-    this.full = schema;
     this.required = schema;
     this.options = new HashMap<>(options.asCaseSensitiveMap());
   }
@@ -62,7 +61,7 @@ final class TopicScan implements ScanBuilder, SupportsPushDownRequiredColumns, S
     // Spark may ask one scan more than once (BatchScanExec and adaptive execution each
     // do); a new query builds a new scan, so this never outlives its query.
     if (planned == null) {
-      List<Slice> slices = Planner.forDriver().plan(options);
+      List<Slice> slices = planner.plan(options);
       planned = slices.toArray(new InputPartition[0]);
     }
     return planned;
@@ -70,10 +69,7 @@ final class TopicScan implements ScanBuilder, SupportsPushDownRequiredColumns, S
 
   @Override
   public PartitionReaderFactory createReaderFactory() {
-    String[] columns = required.fieldNames();
-    Map<String, String> opts = options;
-    String python = Planner.forDriver().python();
-    return new Factory(columns, opts, python);
+    return new Factory(required.fieldNames(), options, planner);
   }
 
   /** Shipped to executors: what each slice reader needs besides its slice. */
@@ -81,17 +77,17 @@ final class TopicScan implements ScanBuilder, SupportsPushDownRequiredColumns, S
     private static final long serialVersionUID = 1L;
     private final String[] columns;
     private final HashMap<String, String> options;
-    private final String python;
+    private final Planner planner;
 
-    Factory(String[] columns, Map<String, String> options, String python) {
+    Factory(String[] columns, Map<String, String> options, Planner planner) {
       this.columns = columns;
       this.options = new HashMap<>(options);
-      this.python = python;
+      this.planner = planner;
     }
 
     @Override
     public PartitionReader<InternalRow> createReader(InputPartition partition) {
-      return new SliceReader((Slice) partition, new Rows(columns), new Planner(python), options);
+      return new SliceReader((Slice) partition, new Rows(columns), planner, options);
     }
   }
 }
