@@ -103,8 +103,7 @@ class Broker:
                                 topic_config=self.topic_config, clock=clock, metrics=metrics,
                                 offline_reason=self._offline_reason)
         self.admin = TopicAdmin(config, store, self.table, self.engine,
-                                live_ids=lambda: [b.node_id for b in self.live_brokers()],
-                                sync=lambda: self.sync_leadership(wait=True), live_now=self.live_ids_now)
+                                live_now=self.live_ids_now, sync=lambda: self.sync_leadership(wait=True))
         self.replicas = ReplicaAdmin(store, self.table, live_now=self.live_ids_now, settle=self.settle)
         self.consumer_groups = ConsumerGroups(self._topic_ids, config=ConsumerGroupConfig(
             session_timeout_ms=config["group.consumer.session.timeout.ms"],

@@ -66,6 +66,9 @@ class Membership:
         self._registered_lagging: set[str] | None = None
         self._lagging_by_broker: dict[int, frozenset[str]] = {}
         self._task: asyncio.Task | None = None
+        # One read at a time: two overlapping reads could finish out of order and leave
+        # the older live set in place.
+        self._refreshing = asyncio.Lock()
 
     async def start(self) -> None:
         await self._register()
@@ -100,13 +103,15 @@ class Membership:
                 log.warning("lease keepalive failed: %s", e)
 
     async def refresh(self) -> dict[int, BrokerAddress]:
-        live, lagging = {}, {}
-        for node_id, info in (await self.store.brokers()).items():
-            endpoints = {name: (h, p) for name, (h, p) in info.get("endpoints", {}).items()}
-            live[node_id] = BrokerAddress(node_id, info["host"], info["port"], info.get("rack"), endpoints)
-            lagging[node_id] = frozenset(info.get("lagging", ()))
-        self.live, self._lagging_by_broker = live, lagging
-        return live
+        async with self._refreshing:
+            brokers = await self.store.brokers()
+            live, lagging = {}, {}
+            for node_id, info in brokers.items():
+                endpoints = {name: (h, p) for name, (h, p) in info.get("endpoints", {}).items()}
+                live[node_id] = BrokerAddress(node_id, info["host"], info["port"], info.get("rack"), endpoints)
+                lagging[node_id] = frozenset(info.get("lagging", ()))
+            self.live, self._lagging_by_broker = live, lagging
+            return live
 
     def lagging_of(self, node_id: int) -> frozenset[str]:
         return self._lagging_by_broker.get(node_id, frozenset())

@@ -109,15 +109,14 @@ class TopicAdmin:
     """CreateTopics, DeleteTopics, AlterConfigs and CreatePartitions on one gateway."""
 
     def __init__(self, config: BrokerConfig, store: ClusterStore, topics: TopicTable, engine: LogEngine, *,
-                 live_ids: Callable[[], list[int]], sync: Callable[[], Awaitable[None]],
-                 live_now: Callable[[], Awaitable[list[int]]] | None = None):
+                 live_now: Callable[[], Awaitable[list[int]]], sync: Callable[[], Awaitable[None]]):
         self.config = config
         self.store = store
         self.topics = topics
         self.engine = engine
-        self.live_ids = live_ids
-        # The live gateways read from the coordinator now: an assignment naming a gateway
-        # that joined since the last membership refresh is not refused for it.
+        # The live gateways read from the coordinator now, not as the last membership
+        # refresh left them: a gateway that joined since counts for the replication factor,
+        # may be named in an assignment and gets replicas.
         self.live_now = live_now
         self.sync = sync
         self._lock = asyncio.Lock()
@@ -147,13 +146,14 @@ class TopicAdmin:
         """`assignments`: the operator's replicas of each partition, (index, broker ids),
         instead of counts (both -1); the first broker id is the preferred leader."""
         validate_topic_name(name)
+        live = await self.live_now()
         manual = None
         if assignments:
             if partitions != -1 or replication_factor != -1:
                 raise KafkaError(ErrorCode.INVALID_REQUEST,
                                  "give either replica assignments or a partition count and replication "
                                  "factor (-1 with assignments), not both")
-            manual = check_assignments(assignments, await self._live_now(), range(len(assignments)))
+            manual = check_assignments(assignments, live, range(len(assignments)))
             partitions, replication_factor = len(manual), len(manual[0])
         if partitions == -1:
             partitions = self.config["num.partitions"]
@@ -161,11 +161,10 @@ class TopicAdmin:
             replication_factor = self.config["default.replication.factor"]
         if partitions < 1:
             raise KafkaError(ErrorCode.INVALID_PARTITIONS, f"partitions must be at least 1, not {partitions}")
-        live = self.live_ids()
-        # (An assignment was checked against the live set read just now, which may be newer.)
         if manual is None and (replication_factor < 1 or replication_factor > len(live)):
             raise KafkaError(ErrorCode.INVALID_REPLICATION_FACTOR,
-                             f"replication factor {replication_factor} with {len(live)} live gateway(s)")
+                             f"replication factor {replication_factor} with {len(live)} live gateway(s): "
+                             f"{', '.join(map(str, live))}")
         configs = self.check_topic_configs(configs)
         async with self._lock:
             if name in self.topics.by_name or await self.store.topic(name) is not None:
@@ -176,7 +175,7 @@ class TopicAdmin:
             self._busy = f"creating topic {name!r} ({partitions} partitions)"
             try:
                 states = (assigned_states(manual) if manual is not None else
-                          new_topic_assignments(self.live_ids(), range(partitions), replication_factor, name))
+                          new_topic_assignments(live, range(partitions), replication_factor, name))
                 info = await self.store.create_topic(name, partitions, replication_factor, configs, states)
                 await self.sync()  # recoveries run a few at a time (engine/leadership.py)
             finally:
@@ -224,12 +223,13 @@ class TopicAdmin:
                 raise KafkaError(ErrorCode.INVALID_PARTITIONS,
                                  f"topic {name!r} has {info.partitions} partitions; {total} would not add any")
             new = range(info.partitions, total)
+            live = await self.live_now()
             manual = None
             if assignments is not None:
                 if len(assignments) != len(new):
                     raise KafkaError(ErrorCode.INVALID_REPLICA_ASSIGNMENT,
                                      f"topic {name!r}: {len(assignments)} assignments for {len(new)} new partitions")
-                manual = check_assignments(zip(new, assignments), await self._live_now(), new,
+                manual = check_assignments(zip(new, assignments), live, new,
                                            info.replication_factor)
             await self._check_cluster_limit(name, total - info.partitions)
             if validate_only:
@@ -237,14 +237,11 @@ class TopicAdmin:
             self._busy = f"adding {total - info.partitions} partitions to topic {name!r}"
             try:
                 states = (assigned_states(manual) if manual is not None else
-                          new_topic_assignments(self.live_ids(), new, info.replication_factor, name))
+                          new_topic_assignments(live, new, info.replication_factor, name))
                 await self.store.add_partitions(name, total, states)
                 await self.sync()
             finally:
                 self._busy = None
-
-    async def _live_now(self) -> list[int]:
-        return await self.live_now() if self.live_now is not None else self.live_ids()
 
     async def _check_cluster_limit(self, name: str, adding: int) -> None:
         """max.partitions (KIP-578) bounds the partitions of every topic together."""

@@ -250,6 +250,76 @@ def test_the_controller_completes_a_reassignment_when_the_new_gateway_registers(
     asyncio.run(run())
 
 
+@pytest.mark.unit
+def test_create_topic_counts_a_gateway_registered_since_the_last_refresh(tmp_path):
+    """CreateTopics decides on the live set as the coordinator has it now: a gateway that
+    registered a moment ago (no membership refresh since) counts for the replication
+    factor, as soon as a client could see it in Metadata from any gateway."""
+    from stratalog.gateway.broker import Broker
+    from stratalog.gateway.config import BrokerConfig
+    from stratalog.tiering.objectstore import open_store
+
+    async def run():
+        store = KVClusterStore(EmbeddedKV(tmp_path / "coord"))
+        broker = Broker(BrokerConfig(), node_id=1, advertised=("127.0.0.1", 1), data_dir=tmp_path / "data",
+                        store=store, objects=open_store((tmp_path / "objects").as_uri()))
+        try:
+            await broker.membership.start()
+            for node in (2, 3):
+                await store.register_broker(node, "127.0.0.1", node, None, await store.grant_lease(30))
+            assert sorted(broker.membership.live) == [1]  # not refreshed since
+            info = await broker.admin.create_topic("t", 1, 3, {}, validate_only=True)
+            assert info.replication_factor == 3
+            with pytest.raises(KafkaError) as refused:
+                await broker.admin.create_topic("t", 1, 4, {}, validate_only=True)
+            assert refused.value.code == ErrorCode.INVALID_REPLICATION_FACTOR
+            assert str(refused.value).endswith("3 live gateway(s): 1, 2, 3")
+        finally:
+            await broker.membership.stop()
+            await store.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.unit
+def test_overlapping_membership_reads_leave_the_newer_live_set(tmp_path):
+    """A read that answered before a gateway registered but returns late (a slow
+    coordinator) never replaces the live set a later read found."""
+    async def run():
+        store = KVClusterStore(EmbeddedKV(tmp_path / "coord"))
+        first_read_back = asyncio.Event()
+
+        class SlowFirstRead:
+            def __init__(self):
+                self.calls = 0
+
+            def __getattr__(self, name):
+                return getattr(store, name)
+
+            async def brokers(self):
+                self.calls += 1
+                answer = await store.brokers()
+                if self.calls == 1:
+                    first_read_back.set()
+                    await asyncio.sleep(0.2)
+                return answer
+
+        membership = Membership(SlowFirstRead(), BrokerAddress(1, "127.0.0.1", 1), ttl_s=30)
+        try:
+            await membership._register()
+            older = asyncio.create_task(membership.refresh())
+            await first_read_back.wait()
+            await store.register_broker(2, "127.0.0.1", 2, None, await store.grant_lease(30))
+            newer = await membership.refresh()
+            await older
+            assert sorted(newer) == sorted(membership.live) == [1, 2]
+        finally:
+            await membership.stop()
+            await store.close()
+
+    asyncio.run(run())
+
+
 # ---- a 3-gateway cluster: etcd, moto's S3, real clients -------------------------------------
 
 def describe(bootstrap: str, topic: str) -> dict[int, tuple[int, list[int], list[int]]]:
