@@ -4,11 +4,15 @@ The slice's `.log` object is read through tiering's one sealed-segment reader
 (`stratalog.tiering.sealed`) with ranged GETs of `chunk_bytes`: the sidecars move the start
 forward (the `.index` to the batch holding the first wanted offset, the `.timeindex` past
 batches older than a timestamp lower bound), and batch headers let whole batches be
-skipped without fetching or decoding them (offsets out of range, control batches, max
-timestamp below the bound, and for read_committed the batches of aborted transactions:
+skipped without fetching or decoding them (offsets out of range, control batches, batches
+wholly before a startingTimestamp position, and for read_committed the batches of aborted transactions:
 a producer has one transaction at a time, so its transactional batches between an aborted
 transaction's first offset and its abort marker are that transaction's). Every decoded batch has its CRC checked; a torn or corrupt
 object raises `CorruptSegment`, never yields garbage.
+
+A timestamp lower bound (startingTimestamp) is a position, as Kafka's offsetsForTimes
+gives it: the read starts at the first record at or after it, and every later record
+counts whatever its time (`Seek`).
 """
 
 from __future__ import annotations
@@ -39,6 +43,22 @@ def _gone(s: SegmentSlice, key: str) -> DataLoss:
     return DataLoss(f"{s.topic}-{s.partition}: segment object {key} is gone (retention "
                     "or a compaction swap removed it after the query was planned); run the query "
                     "again, or set failOnDataLoss=false to skip missing segments")
+
+
+class Seek:
+    """A slice's startingTimestamp while it is read, until the first record at or after it.
+
+    The walk runs ahead of decoding, so the position is found in two steps: the batch
+    filter skips batches wholly older than it up to the one holding it (`batches`), and the
+    selection drops that batch's records before it (`rows`). After it nothing is dropped
+    for its time. A batch holding it that is skipped anyway (an aborted transaction's,
+    read_committed) passes the position too. One `Seek` may span the slices of one read
+    (a collected WAL range re-read from its segments)."""
+
+    __slots__ = ("batches", "rows")
+
+    def __init__(self, ts: int | None) -> None:
+        self.batches = self.rows = ts
 
 
 class _Missing(Exception):
@@ -75,36 +95,43 @@ def getter(store):
     return get
 
 
-def read_slice(s: SegmentSlice, spec: StoreSpec, store=None) -> Iterator:
-    """Arrow record batches (the Kafka-source schema) of one slice."""
+def read_slice(s: SegmentSlice, spec: StoreSpec, store=None, seek: Seek | None = None) -> Iterator:
+    """Arrow record batches (the Kafka-source schema) of one slice (`seek`: the read's
+    position still to be reached, when it spans slices; else the slice's own)."""
     store = store or spec.open()
+    seek = seek or Seek(s.seek_ts)
     try:
-        yield from records_of(s, read_sync(_walk(s), getter(store)), s.key_base + layout.LOG)
+        yield from records_of(s, read_sync(_walk(s, seek), getter(store)), s.key_base + layout.LOG, seek)
     except _Missing as missing:
         if s.fail_on_data_loss:
             raise _gone(s, missing.key) from None
 
 
-def batch_filter(s: SegmentSlice | WalSlice):
+def batch_filter(s: SegmentSlice | WalSlice, seek: Seek):
     """The walk's `take` for a slice: which batches to fetch, skip, or stop before."""
-    start_offset, end_offset, seek_ts, aborted = s.start_offset, s.end_offset, s.seek_ts, s.aborted
+    start_offset, end_offset, aborted = s.start_offset, s.end_offset, s.aborted
 
     def take(h: BatchHeader) -> Take:
         if h.base_offset >= end_offset:
             return Take.STOP
-        if h.last_offset < start_offset or h.is_control or (seek_ts is not None and h.max_timestamp < seek_ts):
+        if h.last_offset < start_offset or h.is_control:
             return Take.SKIP
-        if aborted and h.is_transactional and any(
-                pid == h.producer_id and first <= h.base_offset <= marker for pid, first, marker in aborted):
-            return Take.SKIP  # a batch of an aborted transaction (read_committed)
-        return Take.TAKE
+        dropped = bool(aborted) and h.is_transactional and any(
+            pid == h.producer_id and first <= h.base_offset <= marker for pid, first, marker in aborted)
+        if seek.batches is not None:
+            if h.max_timestamp < seek.batches:
+                return Take.SKIP  # wholly before the position
+            seek.batches = None  # the batch holding it
+            if dropped:
+                seek.rows = None
+        return Take.SKIP if dropped else Take.TAKE  # an aborted transaction's batch (read_committed)
 
     return take
 
 
-def _walk(s: SegmentSlice):
+def _walk(s: SegmentSlice, seek: Seek):
     seg = SegmentObject(s.key_base, s.base_offset, s.last_offset, s.size)
-    seek_ts, take = s.seek_ts, batch_filter(s)
+    seek_ts, take = seek.batches, batch_filter(s, seek)
     if s.byte_end is not None:  # planned byte ranges already start where they should
         return walk(seg, take, position=s.byte_start, end=s.byte_end, chunk_bytes=s.chunk_bytes)
     return walk(seg, take, position=s.byte_start, chunk_bytes=s.chunk_bytes,
@@ -112,14 +139,14 @@ def _walk(s: SegmentSlice):
                 seek_ts=seek_ts if seek_ts is not None and seek_ts > s.min_timestamp else None)
 
 
-def records_of(s: SegmentSlice | WalSlice, batches: Iterator[Batch], key: str) -> Iterator:
-    """Arrow record batches of the slice's records in `batches` (read from object `key`),
-    each batch's CRC checked as it is decoded.
+def records_of(s: SegmentSlice | WalSlice, batches: Iterator[Batch], key: str, seek: Seek) -> Iterator:
+    """Arrow record batches of the slice's records in `batches` (read from object `key`,
+    walked with `seek`), each batch's CRC checked as it is decoded.
 
     Batches are decoded column-wise (`spark.columns`) in groups of about ROWS_PER_BATCH
     records; the offset and timestamp bounds then select rows with NumPy.
     """
-    select = _Selection(s)
+    select = _Selection(s, seek)
     pending = BatchColumns()
     held: list[Batch] = []  # the batches in `pending`, for the reference decoder
     for batch in batches:
@@ -186,32 +213,32 @@ def _reference(batches: list[Batch], key: str) -> Decoded | None:
 
 class _Selection:
     """The slice's bounds applied to decoded rows, in log order: offsets in
-    [start_offset, end_offset); with a seek timestamp, rows from the first at or after it
-    (every later row counts whatever its time); with a stop timestamp, rows before the
-    first at or after it, where the read ends (`stopped`)."""
+    [start_offset, end_offset); with a position still to reach (`Seek`), rows from the
+    first of them at or after it (every later row counts whatever its time); with a stop
+    timestamp, rows before the first at or after it, where the read ends (`stopped`)."""
 
-    def __init__(self, s: SegmentSlice | WalSlice) -> None:
+    def __init__(self, s: SegmentSlice | WalSlice, seek: Seek) -> None:
         self.topic, self.partition = s.topic, s.partition
         self.start_offset, self.end_offset = s.start_offset, s.end_offset
-        self.seek_ts, self.stop_ts = s.seek_ts, s.stop_ts
+        self.seek, self.stop_ts = seek, s.stop_ts
         self.stopped = False
 
     def rows(self, d: Decoded | None) -> Iterator:
         if d is None or not len(d):
             return
+        wanted = (d.offsets >= self.start_offset) & (d.offsets < self.end_offset)
         lo, hi = 0, len(d)
-        if self.seek_ts is not None:
-            reached = np.flatnonzero(d.timestamps >= self.seek_ts)
+        if self.seek.rows is not None:
+            reached = np.flatnonzero(wanted & (d.timestamps >= self.seek.rows))
             if not len(reached):
                 return
-            lo, self.seek_ts = int(reached[0]), None
+            lo, self.seek.rows = int(reached[0]), None
         if self.stop_ts is not None:
             past = np.flatnonzero(d.timestamps[lo:] >= self.stop_ts)
             if len(past):
                 hi, self.stopped = lo + int(past[0]), True
-        wanted = np.zeros(len(d), dtype=bool)
-        wanted[lo:hi] = True
-        wanted &= (d.offsets >= self.start_offset) & (d.offsets < self.end_offset)
+        wanted[:lo] = False
+        wanted[hi:] = False
         if not wanted.any():
             return
         yield self.batch(d, None if wanted.all() else pa.array(np.flatnonzero(wanted)))

@@ -44,32 +44,32 @@ def _walk_part(part: WalPart | WalSlice, take, chunk_bytes: int):
 
 def read_wal_slice(s: WalSlice, spec: StoreSpec, store=None) -> Iterator:
     """Arrow record batches of one WAL range; re-planned from segments if it was collected."""
-    from stratalog.spark.reading import _Missing, batch_filter, getter, records_of
+    from stratalog.spark.reading import Seek, _Missing, batch_filter, getter, records_of
 
     store = store or spec.open()
     last = s.start_offset - 1  # the last offset returned so far
+    seek = Seek(s.seek_ts)
     try:
-        for batch in records_of(s, read_sync(_walk_part(s, batch_filter(s), s.chunk_bytes),
-                                             getter(store)), s.key):
+        for batch in records_of(s, read_sync(_walk_part(s, batch_filter(s, seek), s.chunk_bytes),
+                                             getter(store)), s.key, seek):
             if batch.num_rows:
                 last = batch.column("offset")[-1].as_py()
             yield batch
     except _Missing:
-        yield from _from_segments(replace(s, start_offset=max(s.start_offset, last + 1)), spec, store)
+        # Batches walked but not yet decoded are read again: the position too, if its
+        # records were among them.
+        yield from _from_segments(replace(s, start_offset=max(s.start_offset, last + 1), seek_ts=seek.rows),
+                                  spec, store)
 
 
 def _from_segments(s: WalSlice, spec: StoreSpec, store) -> Iterator:
-    """The slice's offsets read from the segments the coordinator lists now."""
-    from stratalog.spark.reading import read_slice
+    """The slice's offsets read from the segments the coordinator lists now, as one read
+    (the position, once reached in one segment, is not sought again in the next)."""
+    from stratalog.spark.reading import Seek, read_slice
 
-    seek_ts = s.seek_ts
+    seek = Seek(s.seek_ts)
     for piece in segment_slices(s):
-        if seek_ts is None:
-            piece.seek_ts = None
-        for batch in read_slice(piece, spec, store):
-            if batch.num_rows:
-                seek_ts = None  # after the first record at or past it, every record counts
-            yield batch
+        yield from read_slice(piece, spec, store, seek)
 
 
 def segment_slices(s: WalSlice) -> list[SegmentSlice]:

@@ -16,11 +16,11 @@ pa = pytest.importorskip("pyarrow")
 
 from stratalog.spark.columns import BatchColumns, NotVectorisable, batch_offsets  # noqa: E402
 from stratalog.spark.planning import SegmentSlice  # noqa: E402
-from stratalog.spark.reading import records_of  # noqa: E402
+from stratalog.spark.reading import Seek, batch_filter, records_of  # noqa: E402
 from stratalog.spark.schema import ARROW_SCHEMA  # noqa: E402
 from stratalog.tiering.batch import (LOG_APPEND_TIME, BatchHeader, CorruptBatch, build_batch,  # noqa: E402
                                      decode_records, set_log_append_time)
-from stratalog.tiering.sealed import Batch, CorruptSegment  # noqa: E402
+from stratalog.tiering.sealed import Batch, CorruptSegment, Take  # noqa: E402
 
 pytestmark = pytest.mark.unit
 
@@ -68,20 +68,31 @@ def reference_rows(s: SegmentSlice, batches: list[Batch]) -> list[dict]:
     for batch in batches:
         kind = 1 if batch.header.timestamp_type == LOG_APPEND_TIME else 0
         for r in decode_records(batch.data):
+            wanted = s.start_offset <= r.offset < s.end_offset
             if seek_ts is not None:
-                if r.timestamp < seek_ts:
+                if not wanted or r.timestamp < seek_ts:
                     continue
                 seek_ts = None
             if s.stop_ts is not None and r.timestamp >= s.stop_ts:
                 return rows
-            if s.start_offset <= r.offset < s.end_offset:
+            if wanted:
                 rows.append((r.key, r.value, r.offset, r.timestamp, kind,
                              [(k, v) for k, v in r.headers]))
     return rows
 
 
 def read_rows(s: SegmentSlice, batches: list[Batch]) -> list[tuple]:
-    table = pa.Table.from_batches(list(records_of(s, iter(batches), KEY)), schema=ARROW_SCHEMA)
+    """The slice's rows as a read returns them: the batch filter first decides on every
+    batch (the walk runs ahead of decoding), then the taken ones are decoded."""
+    seek = Seek(s.seek_ts)
+    take, taken = batch_filter(s, seek), []
+    for b in batches:
+        verdict = take(b.header)
+        if verdict is Take.STOP:
+            break
+        if verdict is Take.TAKE:
+            taken.append(b)
+    table = pa.Table.from_batches(list(records_of(s, iter(taken), KEY, seek)), schema=ARROW_SCHEMA)
     micros = table.column("timestamp").cast(pa.int64()).to_pylist()
     return [(row["key"], row["value"], row["offset"], us // 1000, row["timestampType"],
              [(h["key"], h["value"]) for h in row["headers"] or ()])
@@ -112,6 +123,21 @@ def test_offset_and_timestamp_bounds_select_as_the_record_loop_did():
                     seek_ts=rng.choice([None, rng.randint(0, 10**13)]),
                     stop_ts=rng.choice([None, rng.randint(0, 10**13)]))
         assert read_rows(s, batches) == reference_rows(s, batches)
+
+
+def test_a_position_in_an_aborted_batch_lets_every_later_record_count():
+    """read_committed with startingTimestamp: the first record at or after it is in an
+    aborted transaction's batch, which is skipped whole; the committed records after it
+    count whatever their time, as from Kafka's offsetsForTimes position."""
+    parts, position = [], 0
+    for base, ts, txn in ((0, 1_000, False), (2, 9_000, True), (4, 2_000, False), (6, 3_000, False)):
+        data = build_batch([(None, b"v%d" % base, []), (None, b"w%d" % base, [])], base_offset=base,
+                           timestamp_ms=ts, producer_id=7 if txn else -1, producer_epoch=0 if txn else -1,
+                           is_transactional=txn)
+        parts.append(Batch(position, BatchHeader.parse(data), memoryview(data)))
+        position += len(data)
+    s = a_slice(parts, seek_ts=5_000, aborted=((7, 2, 3),))
+    assert [r[2] for r in read_rows(s, parts)] == [4, 5, 6, 7]
 
 
 def test_damaged_records_get_the_reference_decoders_verdict():

@@ -49,6 +49,12 @@ def _records(seed: int, count: int = RECORDS, partitions: int = PARTITIONS):
     return out
 
 
+def _late_times(records):
+    """Every other run of 50 records stamped an hour earlier, as a lagging producer's
+    CreateTime would be: whole batches older than records before them."""
+    return [(p, k, v, h, ts - 3_600_000 if (i // 50) % 2 else ts) for i, (p, k, v, h, ts) in enumerate(records)]
+
+
 def _fill(gw: GatewayProcess, spec: StoreSpec) -> dict[str, list[Consumed]]:
     """One topic per codec, plus a LogAppendTime topic; returns what a consumer sees."""
     truth = {}
@@ -56,9 +62,11 @@ def _fill(gw: GatewayProcess, spec: StoreSpec) -> dict[str, list[Consumed]]:
     topics["append-time"] = ("lz4", {"message.timestamp.type": "LogAppendTime"})
     # Few segments, so that the many queries of the property test each cost little.
     topics["queries"] = ("none", {"segment.bytes": 1 << 20})
+    topics["late-times"] = ("none", {"segment.bytes": 1 << 20})
     for n, (topic, (codec, configs)) in enumerate(topics.items()):
         create_topic(gw.bootstrap, topic, PARTITIONS, configs)
-        produce(gw.bootstrap, topic, _records(n), compression=codec, batch_size=2048)
+        records = _records(n) if topic != "late-times" else _late_times(_records(n))
+        produce(gw.bootstrap, topic, records, compression=codec, batch_size=2048)
     for topic in topics:
         truth[topic] = consume_all(gw.bootstrap, topic, PARTITIONS)
         ends = {p: 1 + max(r.offset for r in truth[topic] if r.partition == p) for p in range(PARTITIONS)}
@@ -218,6 +226,23 @@ def test_timestamp_options_follow_kafka_semantics(spark, fmt, file_cluster):
         first = next(r.offset for r in records if r.timestamp >= start_ts)
         stop = next((r.offset for r in records if r.timestamp >= end_ts), None) if p == 1 else None
         expected += [r for r in records if r.offset >= first and (stop is None or r.offset < stop)]
+    assert got == expected
+
+
+def test_starting_timestamp_returns_every_later_record_whatever_its_time(spark, fmt, file_cluster):
+    """Kafka's startingTimestamp is a position: the first record at or after it, then every
+    later record, also those stamped earlier (Spark's Kafka source reads on from the offset
+    offsetsForTimes gives)."""
+    topic = "late-times"
+    truth = file_cluster.truth[topic]
+    start_ts = BASE_TS + 100 * 1000
+    got = rows_of(file_cluster.read(spark, topic, fmt, startingTimestamp=str(start_ts)))
+    expected = []
+    for p in range(PARTITIONS):
+        records = [r for r in truth if r.partition == p]
+        first = next(r.offset for r in records if r.timestamp >= start_ts)
+        expected += [r for r in records if r.offset >= first]
+    assert any(r.timestamp < start_ts for r in expected)  # the case at stake is there
     assert got == expected
 
 

@@ -35,13 +35,15 @@ def store(request, tmp_path_factory):
         yield gw, spec
 
 
-def _read(spark, spec: StoreSpec, topic: str, isolation: str):
+def _read(spark, spec: StoreSpec, topic: str, isolation: str, **options):
     """The rows both readers return (the JVM one when the session has it); they must agree."""
     got = []
     for fmt in READERS:
         if fmt == "stratalog-jvm" and spark_helpers.JVM_READER_MISSING:
             continue
         reader = spark.read.format(fmt).option("topic", topic).option("kafka.isolation.level", isolation)
+        for k, v in options.items():
+            reader = reader.option(k, v)
         if spec.endpoint:
             reader = reader.option("endpoint", spec.endpoint).option("pathStyle", "true")
         got.append(rows_of(reader.load(spec.url)))
@@ -146,6 +148,30 @@ def test_spark_read_committed_matches_a_read_committed_consumer(spark, store):
     committed = _consumed(gw.bootstrap, topic)
     assert sum(r.value.startswith(b"open") for r in committed) == 6
     assert _read(spark, spec, topic, "read_committed") == committed
+
+
+def test_a_starting_timestamp_in_an_aborted_transaction_starts_there(spark, store):
+    """The first record at or after startingTimestamp is an aborted one: the read starts
+    at it, so every committed record after it counts, also those stamped earlier (as a
+    read_committed consumer reads on from the offset offsetsForTimes gives)."""
+    gw, spec = store
+    topic = f"txn-ts-{uuid.uuid4().hex[:6]}"
+    create_topic(gw.bootstrap, topic, PARTITIONS)
+    producer = Producer({"bootstrap.servers": gw.bootstrap, "transactional.id": f"{topic}-1", "linger.ms": 5})
+    producer.init_transactions(30)
+    now = int(time.time() * 1000)
+    for name, at, commit in (("before", now - 60_000, True), ("aborted", now, False), ("after", now - 50_000, True)):
+        producer.begin_transaction()
+        for i in range(6):
+            producer.produce(topic, value=b"%s-%d" % (name.encode(), i), partition=i % PARTITIONS, timestamp=at)
+        producer.flush(30)
+        if commit:
+            producer.commit_transaction(30)
+        else:
+            producer.abort_transaction(30)
+    _wait_sealed(spec, gw.bootstrap, topic)
+    got = _read(spark, spec, topic, "read_committed", startingTimestamp=str(now - 1000))
+    assert sorted(r.value for r in got) == [b"after-%d" % i for i in range(6)]
 
 
 @pytest.mark.unit

@@ -19,7 +19,9 @@ import org.apache.spark.unsafe.types.UTF8String;
 /**
  * The rows of one slice, read as {@code stratalog.spark.reading} reads it: batches walked
  * by their headers (framing and offsets checked for every batch, skipped or not), whole
- * batches skipped by offset, control flag, timestamp bound or aborted transaction, every
+ * batches skipped by offset, control flag, aborted transaction or as wholly older than a
+ * startingTimestamp not yet reached (after the first record at or past it, every later
+ * record counts whatever its time, as from Kafka's offsetsForTimes position), every
  * batch taken has its CRC-32C checked before its records are decoded, and the slice's
  * offset and timestamp bounds applied per record. A WAL object collected after planning
  * is re-planned through the Python planner from the segments that now hold its offsets,
@@ -200,8 +202,19 @@ final class SliceReader implements PartitionReader<InternalRow> {
     }
     long here = position;
     position += size;
-    if (last < piece.startOffset || control || (piece.seekTs != null && maxTs < piece.seekTs)
-        || (transactional && aborted(producerId, base))) {
+    if (last < piece.startOffset || control) {
+      return true;
+    }
+    boolean dropped = transactional && aborted(producerId, base);
+    if (seeking != null) {
+      if (maxTs < seeking) {
+        return true;  // wholly before the position
+      }
+      if (dropped) {
+        seeking = null;  // the batch holding it is skipped: every later record counts
+      }
+    }
+    if (dropped) {
       return true;
     }
     buf = window.bytes(here, (int) size);
@@ -289,17 +302,18 @@ final class SliceReader implements PartitionReader<InternalRow> {
     }
     long offset = baseOffset + offsetDelta;
     long timestamp = logAppendTime ? maxTimestamp : baseTimestamp + tsDelta;
+    boolean wanted = offset >= piece.startOffset && offset < piece.endOffset;
     if (seeking != null) {
-      if (timestamp < seeking) {
+      if (!wanted || timestamp < seeking) {
         return null;
       }
-      seeking = null;
+      seeking = null;  // the position: every later record counts whatever its time
     }
     if (piece.stopTs != null && timestamp >= piece.stopTs) {
       stopped = true;
       return null;
     }
-    if (offset < piece.startOffset || offset >= piece.endOffset) {
+    if (!wanted) {
       return null;
     }
     lastReturned = offset;
