@@ -68,10 +68,11 @@ def prometheus(url: str) -> dict[str, float]:
     return out
 
 
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of a live process (0 once it is gone)."""
+def cpu_seconds(pid: int, event_loop_only: bool = False) -> float:
+    """User plus system CPU time of a live process (0 once it is gone), or of its main
+    thread alone (a gateway's event loop, where every request is handled)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = Path(f"/proc/{pid}/task/{pid}/stat" if event_loop_only else f"/proc/{pid}/stat").read_text()
     except OSError:
         return 0.0
     fields = stat[stat.rindex(")") + 2:].split()

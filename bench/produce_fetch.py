@@ -64,13 +64,16 @@ class RssSampler(threading.Thread):
             time.sleep(0.2)
 
 
-def start_stratalog(data_dir: Path) -> tuple[subprocess.Popen, int, int]:
-    """The gateway, its Kafka port and its HTTP port (/metrics)."""
+def start_stratalog(data_dir: Path, settings: dict[str, str] | None = None) -> tuple[subprocess.Popen, int, int]:
+    """The gateway (with `settings` on top of the benchmark's), its Kafka port and its
+    HTTP port (/metrics)."""
     port, http = free_port(), free_port()
     cmd = [sys.executable, "-m", "stratalog.infra.cli", "serve", "--listen", f"127.0.0.1:{port}",
            "--http", f"127.0.0.1:{http}",
            "--data-dir", str(data_dir), "--set", "log.segment.bytes=16777216",
            "--set", "log.roll.ms=3000"]
+    for key, value in (settings or {}).items():
+        cmd += ["--set", f"{key}={value}"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     proc.stdout.readline()
     wait_port(port)
@@ -87,10 +90,11 @@ class GatewayView:
     def __init__(self, pid: int, http: int):
         self.pid, self.http = pid, http
 
-    def _cpu(self) -> float:
+    def _cpu(self) -> tuple[float, float]:
+        """CPU seconds of the whole gateway and of its event loop (the main thread)."""
         from common import cpu_seconds  # common imports this module: not at the top
 
-        return cpu_seconds(self.pid)
+        return cpu_seconds(self.pid), cpu_seconds(self.pid, event_loop_only=True)
 
     def _buckets(self) -> dict[str, list[tuple[float, float]]]:
         text = urllib.request.urlopen(f"http://127.0.0.1:{self.http}/metrics", timeout=10).read().decode()
@@ -108,7 +112,8 @@ class GatewayView:
         self.t0, self.cpu0, self.b0 = time.monotonic(), self._cpu(), self._buckets()
 
     def summary(self) -> str:
-        secs, cpu, b1 = time.monotonic() - self.t0, self._cpu() - self.cpu0, self._buckets()
+        (cpu, loop), b1 = self._cpu(), self._buckets()
+        secs, cpu, loop = time.monotonic() - self.t0, cpu - self.cpu0[0], loop - self.cpu0[1]
 
         def counts(name):
             before = dict(self.b0[name])
@@ -120,7 +125,8 @@ class GatewayView:
 
         req, flush = counts("stratalog_request_seconds"), counts("stratalog_wal_flush_seconds")
         n_req, n_flush = (req[-1][1] if req else 0), (flush[-1][1] if flush else 0)
-        return (f"{n_req / secs:.0f} produce requests/s, gateway CPU {100 * cpu / secs:.0f}% of a core; "
+        return (f"{n_req / secs:.0f} produce requests/s, gateway CPU {100 * cpu / secs:.0f}% of a core "
+                f"(its event loop {100 * loop / secs:.0f}%); "
                 f"its Produce latency p50 <= {bound(req, 0.5)} ms, p99 <= {bound(req, 0.99)} ms; "
                 f"{n_flush / secs:.0f} WAL flushes/s, p50 <= {bound(flush, 0.5)} ms, p99 <= {bound(flush, 0.99)} ms")
 
@@ -198,6 +204,10 @@ def _produce_span(job) -> tuple[float, float]:
     if failed:
         print(f"  ({len(failed)} deliveries failed: {failed[0]})")
     return (start_at, time.time()) if start_at is not None else (0.0, secs)
+
+
+# The acks=all latency cases: (label, offered MB/s, idempotent), with linger.ms=1.
+LATENCY_CASES = (("idempotent @50MB/s", 50.0, True), ("plain @5MB/s", 5.0, False))
 
 
 def ack_latency(bootstrap: str, topic: str, *, offered_mbps: float, idempotent: bool,
@@ -280,7 +290,7 @@ def run_one(name: str, proc: subprocess.Popen, port: int, args, data_dir: Path |
     row["idempotent produce MB/s"] = produce_throughput(bootstrap, "bench-idempotent", args.mib, args.partitions,
                                                         idempotent=True, clients=args.clients)[0]
     seen = {}
-    for label, mbps, idem in (("idempotent @50MB/s", 50.0, True), ("plain @5MB/s", 5.0, False)):
+    for label, mbps, idem in LATENCY_CASES:
         view = GatewayView(proc.pid, http) if http is not None else None
         if view is not None:
             view.start()

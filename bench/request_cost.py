@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from common import cpu_seconds
 from stratalog.coordinator.embedded import EmbeddedKV
 from stratalog.coordinator.model import PartitionState
 from stratalog.coordinator.store import KVClusterStore
@@ -124,13 +125,6 @@ async def in_process(n: int, records: int) -> list[tuple[str, float]]:
         await store.close()
         await objects.close()
         shutil.rmtree(work, ignore_errors=True)
-
-
-def server_cpu_seconds(pid: int, event_loop_only: bool = False) -> float:
-    """CPU seconds of a process, or of its main thread (the event loop) alone."""
-    path = f"/proc/{pid}/task/{pid}/stat" if event_loop_only else f"/proc/{pid}/stat"
-    fields = Path(path).read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def pipelined(port: int, n: int, records: int, window: int = 64) -> float:
@@ -318,15 +312,15 @@ def over_socket(n: int, records: int, rate: float, seconds: float, connections: 
         admin.create_topics([NewTopic("bench", PARTITIONS, 1)])["bench"].result(30)
         del admin
         asyncio.run(pipelined(port, 2000, records))  # warm up
-        before = server_cpu_seconds(child.pid)
+        before = cpu_seconds(child.pid)
         secs = asyncio.run(pipelined(port, n, records))
-        cpu_us = (server_cpu_seconds(child.pid) - before) / n * 1e6
+        cpu_us = (cpu_seconds(child.pid) - before) / n * 1e6
         spy = py_spy(child.pid, profile) if profile is not None else None
         try:
-            before, loop_before = server_cpu_seconds(child.pid), server_cpu_seconds(child.pid, True)
+            before, loop_before = cpu_seconds(child.pid), cpu_seconds(child.pid, True)
             flooded = asyncio.run(flood(port, rate, seconds, connections, records))
-            flooded.server_cpu = server_cpu_seconds(child.pid) - before
-            flooded.loop_cpu = server_cpu_seconds(child.pid, True) - loop_before
+            flooded.server_cpu = cpu_seconds(child.pid) - before
+            flooded.loop_cpu = cpu_seconds(child.pid, True) - loop_before
         finally:
             if spy is not None:
                 spy.send_signal(signal.SIGINT)
