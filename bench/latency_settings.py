@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from produce_fetch import LATENCY_CASES, GatewayView, ack_latency, create, start_stratalog
+from produce_fetch import LATENCY_CASES, create, latency_case, start_stratalog
 
 
 def variant(text: str) -> tuple[str, dict[str, str]]:
@@ -39,11 +39,9 @@ def run(name: str, settings: dict[str, str]) -> list[str]:
         create(bootstrap, "latency", 8)
         lines = []
         for label, mbps, idempotent in LATENCY_CASES:
-            view = GatewayView(proc.pid, http)
-            view.start()
-            p50, p99, got = ack_latency(bootstrap, "latency", offered_mbps=mbps, idempotent=idempotent)
+            p50, p99, got, seen = latency_case(bootstrap, proc.pid, http, mbps, idempotent)
             lines.append(f"{name:>12} {label:>20}: p50 {p50:7.1f} ms, p99 {p99:7.1f} ms, {got:5.1f} MB/s "
-                         f"delivered | {view.summary()}")
+                         f"delivered | {seen}")
         return lines
     finally:
         proc.terminate()

@@ -238,6 +238,17 @@ def ack_latency(bootstrap: str, topic: str, *, offered_mbps: float, idempotent: 
     return lat[len(lat) // 2] * 1000, lat[int(len(lat) * 0.99)] * 1000, len(lat) * RECORD / secs / 1024 / 1024
 
 
+def latency_case(bootstrap: str, pid: int, http: int | None, offered_mbps: float,
+                 idempotent: bool) -> tuple[float, float, float, str | None]:
+    """`ack_latency` on topic "latency", with what the gateway saw meanwhile (None for a
+    broker without Stratalog's /metrics)."""
+    view = GatewayView(pid, http) if http is not None else None
+    if view is not None:
+        view.start()
+    p50, p99, delivered = ack_latency(bootstrap, "latency", offered_mbps=offered_mbps, idempotent=idempotent)
+    return p50, p99, delivered, view.summary() if view is not None else None
+
+
 def fetch_throughput(bootstrap: str, topic: str, partitions: int, expected: int,
                      conf: dict | None = None) -> tuple[float, float]:
     c = Consumer({"bootstrap.servers": bootstrap, **(conf or {}), "group.id": f"bench-{topic}",
@@ -291,13 +302,10 @@ def run_one(name: str, proc: subprocess.Popen, port: int, args, data_dir: Path |
                                                         idempotent=True, clients=args.clients)[0]
     seen = {}
     for label, mbps, idem in LATENCY_CASES:
-        view = GatewayView(proc.pid, http) if http is not None else None
-        if view is not None:
-            view.start()
-        p50, p99, delivered = ack_latency(bootstrap, "latency", offered_mbps=mbps, idempotent=idem)
+        p50, p99, delivered, summary = latency_case(bootstrap, proc.pid, http, mbps, idem)
         row[f"{label} p50 ms"], row[f"{label} p99 ms"], row[f"{label} got MB/s"] = p50, p99, delivered
-        if view is not None:
-            seen[label] = view.summary()
+        if summary is not None:
+            seen[label] = summary
     sealed = ""
     if data_dir is not None:
         size = wait_sealed(data_dir, "bench")

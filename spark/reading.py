@@ -116,12 +116,12 @@ def batch_filter(s: SegmentSlice | WalSlice, seek: Seek):
             return Take.STOP
         if h.last_offset < start_offset or h.is_control:
             return Take.SKIP
+        if seek.batches is not None and h.max_timestamp < seek.batches:
+            return Take.SKIP  # wholly before the position
         dropped = bool(aborted) and h.is_transactional and any(
             pid == h.producer_id and first <= h.base_offset <= marker for pid, first, marker in aborted)
-        if seek.batches is not None:
-            if h.max_timestamp < seek.batches:
-                return Take.SKIP  # wholly before the position
-            seek.batches = None  # the batch holding it
+        if seek.batches is not None:  # the batch holding the position
+            seek.batches = None
             if dropped:
                 seek.rows = None
         return Take.SKIP if dropped else Take.TAKE  # an aborted transaction's batch (read_committed)

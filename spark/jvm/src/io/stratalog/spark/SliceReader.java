@@ -202,19 +202,11 @@ final class SliceReader implements PartitionReader<InternalRow> {
     }
     long here = position;
     position += size;
-    if (last < piece.startOffset || control) {
-      return true;
+    if (last < piece.startOffset || control || (seeking != null && maxTs < seeking)) {
+      return true;  // (or wholly before the position)
     }
-    boolean dropped = transactional && aborted(producerId, base);
-    if (seeking != null) {
-      if (maxTs < seeking) {
-        return true;  // wholly before the position
-      }
-      if (dropped) {
-        seeking = null;  // the batch holding it is skipped: every later record counts
-      }
-    }
-    if (dropped) {
+    if (transactional && aborted(producerId, base)) {
+      seeking = null;  // if it held the position, it passed it: every later record counts
       return true;
     }
     buf = window.bytes(here, (int) size);
