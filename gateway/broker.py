@@ -382,6 +382,19 @@ class Broker:
                 return r
         return -1
 
+    async def see_leaders(self, infos) -> None:
+        """Read the live gateways again when a partition of `infos` is led by a gateway this
+        one has not seen register: the membership is otherwise read once per cluster tick,
+        which a tick busy recovering partitions can stretch to seconds. A Metadata answer
+        then names the new leader instead of none, which librdkafka keeps: its watermark
+        and offset lookups do not ask again for a partition it holds leaderless."""
+        live = self.membership.live
+        for info in infos:
+            for st in self.table.states.get(info.topic_id, {}).values():
+                if st.leader >= 0 and st.leader not in live:
+                    await self.membership.refresh()
+                    return
+
     async def partition_states(self, info: TopicInfo) -> dict[int, PartitionState]:
         """Leader, epoch, replicas and ISR as Metadata reports them: a dead leader is -1."""
         live = self.membership.live

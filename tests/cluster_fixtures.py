@@ -510,10 +510,15 @@ def read_everything(bootstrap: str, topic: str, partitions: int, timeout: float 
                 except KafkaException:
                     # Right after a restart leadership may still be moving (no leader yet,
                     # or not the leader any more); only a failure that outlasts the whole
-                    # read is one.
+                    # read is one. librdkafka's watermark lookup does not ask for metadata
+                    # again for a partition it holds leaderless: asked here.
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.5)
+                    try:
+                        c.list_topics(topic, timeout=5)
+                    except KafkaException:
+                        pass
         c.assign([TopicPartition(topic, p, 0) for p in range(partitions) if ends[p] > 0])
         out: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(partitions)}
         remaining = {p for p in range(partitions) if ends[p] > 0}

@@ -64,6 +64,9 @@ class NoTopics:
     async def look_up_topics(self, names, ids=()) -> None:
         pass  # nothing to reload: there are no topics
 
+    async def see_leaders(self, infos) -> None:
+        pass  # the live set is fixed here
+
     def coordinator_for(self, key: str, listener=None):
         return 1, "127.0.0.1", 9092
 
@@ -97,6 +100,37 @@ def test_metadata_by_id_ignores_the_default_empty_name():
     resp = asyncio.run(answer(NoTopics(), ApiKey.METADATA, 12, {"topics": [{"name": "", "topic_id": tid}]}))
     (topic,) = resp.topics
     assert (topic.error_code, topic.topic_id, topic.name) == (ErrorCode.UNKNOWN_TOPIC_ID, tid, None)
+
+
+class LeaderNotListed(NoTopics):
+    """Gateway 1 lists only itself, but partition 1's state names gateway 3 leader."""
+
+    def __init__(self):
+        from stratalog.coordinator.model import TopicInfo
+
+        self.topics = {"t": TopicInfo("t", uuid.UUID(int=7), 2, 1, {})}
+
+    def live_brokers(self) -> list:
+        from stratalog.gateway.cluster import BrokerAddress
+
+        return [BrokerAddress(1, "127.0.0.1", 9092)]
+
+    async def partition_states(self, info):
+        from stratalog.coordinator.model import PartitionState
+
+        return {0: PartitionState(1, 2, (1,), (1,)), 1: PartitionState(3, 5, (3,), (3,))}
+
+
+@pytest.mark.unit
+def test_metadata_answers_a_leader_it_does_not_list_as_not_available():
+    # A leader the answer gives no address for is no leader to a client; Kafka answers
+    # LEADER_NOT_AVAILABLE with leader -1.
+    resp = asyncio.run(answer(LeaderNotListed(), ApiKey.METADATA, 12, {"topics": [{"name": "t"}]}))
+    assert [b.node_id for b in resp.brokers] == [1]
+    (topic,) = resp.topics
+    assert topic.error_code == 0
+    assert [(p.partition_index, p.error_code, p.leader_id) for p in topic.partitions] == [
+        (0, 0, 1), (1, ErrorCode.LEADER_NOT_AVAILABLE, -1)]
 
 
 @pytest.mark.parametrize("version", [0, 1])
