@@ -48,3 +48,48 @@ def test_an_acks_all_answer_past_its_timeout_says_request_timed_out():
     assert answered["responses"][0]["error_code"] == 0
     assert late["responses"][0]["error_code"] == ErrorCode.REQUEST_TIMED_OUT
     assert not stuck.done()  # the WAL's future is shared with other requests: left alone
+
+
+def test_requests_waiting_on_one_commit_each_end_at_their_own_deadline():
+    """Requests whose batches share a commit share its deadline timer: a later request with
+    a shorter timeout still ends on time, one with a longer timeout is not ended by it, and
+    a request over two partitions is answered once both commits end. (The short deadline
+    is checked while the long one is still far off: not a bound on the machine's speed.)"""
+    from stratalog.engine.wal_writer import WalCommitFailed
+    from stratalog.gateway.handlers.produce import _await_commit
+    from stratalog.gateway.protocol.error_codes import ErrorCode
+
+    def part(i):
+        return {"index": i, "error_code": 0}
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        stuck, failing, other = loop.create_future(), loop.create_future(), loop.create_future()
+        long_, short, two = part(0), part(0), [part(0), part(1)]
+        started = loop.time()
+        patient = _await_commit({"r": [long_]}, [(long_, stuck)], 1000)
+        hasty = _await_commit({"r": [short]}, [(short, stuck)], 20)
+        both = _await_commit({"r": two}, [(two[0], failing), (two[1], other)], 10_000)
+        await hasty
+        hasty_at = loop.time() - started
+        assert not patient.done()
+        failing.set_exception(WalCommitFailed("fenced"))
+        await asyncio.sleep(0.01)
+        assert not both.done()  # partition 1 still waits
+        other.set_result(None)
+        await both
+        await patient
+        return hasty_at, loop.time() - started, short, long_, two, stuck
+
+    hasty_at, patient_at, short, long_, two, stuck = asyncio.run(scenario())
+    assert hasty_at >= 0.02 - TICK_S and patient_at >= 1.0 - TICK_S  # never early by more than a tick
+    assert short["error_code"] == long_["error_code"] == ErrorCode.REQUEST_TIMED_OUT
+    assert two[0]["error_code"] == error_code_of("fenced") and two[1]["error_code"] == 0
+    assert not stuck.done()
+
+
+def error_code_of(message: str) -> int:
+    from stratalog.engine.wal_writer import WalCommitFailed
+    from stratalog.gateway.errors import error_code
+
+    return error_code(WalCommitFailed(message))

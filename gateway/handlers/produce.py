@@ -13,14 +13,15 @@ back the last stable offset for ever).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from typing import Callable
+import math
 
 from stratalog.coordinator.transactions import TxnStatus
 from stratalog.engine import Batches
 from stratalog.engine.errors import EngineError, InvalidRecord
 from stratalog.gateway.auth.acls import Operation, ResourceType
-from stratalog.gateway.coarse_timers import coarse_timers
+from stratalog.gateway.coarse_timers import TICK_S, coarse_timers
 from stratalog.gateway.errors import error_code, error_message
 from stratalog.gateway.protocol.error_codes import ErrorCode
 from stratalog.gateway.quotas.rules import PRODUCER_BYTE_RATE
@@ -108,63 +109,113 @@ def _await_commit(body: dict, waits, timeout_ms: int) -> asyncio.Future:
     once, and the server can see which answers are ready without running anything.
     """
     loop = asyncio.get_running_loop()
-    answer = loop.create_future()
-    pending = {}
-    for resp, w in waits:
-        f = w if isinstance(w, asyncio.Future) else asyncio.ensure_future(w)
-        pending[id(f)] = (resp, f)
+    request = _CommitWait(body, loop.create_future(), loop.time() + max(timeout_ms, 1) / 1000,
+                          [(resp, w if isinstance(w, asyncio.Future) else asyncio.ensure_future(w))
+                           for resp, w in waits])
+    for resp, f in request.waits:
+        group = _WAITING.get(f)
+        if group is None:
+            group = _WAITING[f] = _Waiters()
+            f.add_done_callback(_committed)
+            group.arm(f, request.deadline)
+        elif request.deadline < group.due:
+            group.arm(f, request.deadline)
+        group.entries.append((request, resp))
+    return request.answer
 
-    def settle(f: asyncio.Future) -> None:
-        entry = pending.pop(id(f), None)
-        if entry is None or answer.done():
-            return
-        resp = entry[0]
-        if f.cancelled():
-            resp["error_code"] = ErrorCode.REQUEST_TIMED_OUT
-        elif (e := f.exception()) is not None:
-            resp["error_code"] = error_code(e)
-            resp["error_message"] = error_message(e)
-        if not pending:
-            timer.cancel()
-            answer.set_result(body)
 
-    def time_out() -> None:
-        for resp, f in pending.values():  # cleared below, so `settle` ignores them later
+class _CommitWait:
+    """One acks=all request waiting for its partitions' commits: answered when the last one
+    ends, or at its deadline with those still waiting timed out."""
+
+    __slots__ = ("body", "answer", "deadline", "waits", "left")
+
+    def __init__(self, body: dict, answer: asyncio.Future, deadline: float, waits: list):
+        self.body, self.answer, self.deadline, self.waits = body, answer, deadline, waits
+        self.left = len(waits)
+
+    def time_out(self) -> None:
+        for resp, f in self.waits:
+            if f.done():
+                _settle(resp, f)  # ended, though its callback has not run yet
+                continue
             if isinstance(f, asyncio.Task):
                 f.cancel()  # a retried batch's wait for its original, ours alone
             resp["error_code"] = ErrorCode.REQUEST_TIMED_OUT
             resp["error_message"] = "the batch was not committed within the request timeout"
-        pending.clear()
-        if not answer.done():
-            answer.set_result(body)
-
-    timer = coarse_timers().call_later(max(timeout_ms, 1) / 1000, time_out)
-    for _, f in list(pending.values()):
-        _when_done(f, settle)
-    return answer
+        self.answer.set_result(self.body)
 
 
-# Callbacks waiting on each commit future, run together by one done-callback of the future:
-# a WAL flush then wakes the event loop once per partition, not once per request. Every
-# commit future ends (committed, failed, or told WalCommitDelayed), which removes its entry;
-# only a stop that abandons its last flush leaves some, as the process ends.
-_WAITING: dict[asyncio.Future, list[Callable[[asyncio.Future], None]]] = {}
+class _Waiters:
+    """The requests waiting on one commit future (those with batches for its partition in
+    one WAL flush): one done-callback and one deadline timer serve them all, where a timer
+    of each request's own cost more than the rest of its wait."""
+
+    __slots__ = ("entries", "due", "timer")
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[_CommitWait, dict]] = []
+        self.due = math.inf
+        self.timer = None
+
+    def arm(self, f: asyncio.Future, due: float) -> None:
+        """Check the deadlines at `due` (the earliest of them)."""
+        if self.timer is not None:
+            self.timer.cancel()
+        self.due = due
+        self.timer = coarse_timers().call_later(due - asyncio.get_running_loop().time(),
+                                                functools.partial(_deadline_passed, f))
 
 
-def _when_done(f: asyncio.Future, callback: Callable[[asyncio.Future], None]) -> None:
-    waiting = _WAITING.get(f)
-    if waiting is None:
-        waiting = _WAITING[f] = []
-        f.add_done_callback(_settle_waiting)
-    waiting.append(callback)
+# The waiters of each commit future not yet ended. Every commit future ends (committed,
+# failed, or told WalCommitDelayed), which removes its entry; only a stop that abandons its
+# last flush leaves some, as the process ends.
+_WAITING: dict[asyncio.Future, _Waiters] = {}
 
 
-def _settle_waiting(f: asyncio.Future) -> None:
-    for callback in _WAITING.pop(f, ()):
+def _settle(resp: dict, f: asyncio.Future) -> None:
+    """A partition's answer from how its commit ended."""
+    if f.cancelled():
+        resp["error_code"] = ErrorCode.REQUEST_TIMED_OUT
+    elif (e := f.exception()) is not None:
+        resp["error_code"] = error_code(e)
+        resp["error_message"] = error_message(e)
+
+
+def _committed(f: asyncio.Future) -> None:
+    group = _WAITING.pop(f, None)
+    if group is None:
+        return
+    if group.timer is not None:
+        group.timer.cancel()
+    for request, resp in group.entries:
+        if request.answer.done():
+            continue  # timed out already
         try:
-            callback(f)
+            _settle(resp, f)
+            request.left -= 1
+            if not request.left:
+                request.answer.set_result(request.body)
         except Exception:  # noqa: BLE001 - one request's bug must not keep the others waiting
             log.exception("settling a produce request's commit wait failed")
+
+
+def _deadline_passed(f: asyncio.Future) -> None:
+    group = _WAITING.get(f)
+    if group is None:
+        return
+    now = asyncio.get_running_loop().time()
+    waiting = []
+    for request, resp in group.entries:
+        if request.answer.done():
+            continue
+        if request.deadline <= now + TICK_S:  # due within this tick: the timers' grain
+            request.time_out()
+        else:
+            waiting.append((request, resp))
+    group.entries, group.timer, group.due = waiting, None, math.inf
+    if waiting:
+        group.arm(f, min(request.deadline for request, _ in waiting))
 
 
 def _non_transactional_refusal(h: BatchHeader | None) -> tuple[ErrorCode, str] | None:

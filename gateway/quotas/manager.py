@@ -65,8 +65,13 @@ class ClientQuotas:
 
     # ---- counting and throttling ------------------------------------------------------
 
+    @property
+    def any_set(self) -> bool:
+        """Whether any quota is set, for any client (mostly none: then nothing is counted)."""
+        return bool(self.quotas)
+
     def _rate(self, key: str, principal: str, client_id: str | None) -> tuple[float, WindowedRate] | None:
-        if not self.quotas:  # none set anywhere, as mostly: every request asks, twice
+        if not self.quotas:  # none set anywhere, as mostly: every request asks
             return None
         found = rules.applicable(self.quotas, key, user_of(principal), client_id or "")
         if found is None:
