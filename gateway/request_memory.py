@@ -23,8 +23,14 @@ class RequestMemory:
         self.used = 0
         self._freed = asyncio.Event()
 
+    @staticmethod
+    def counts(size: int) -> bool:
+        """Whether a frame of `size` bytes is held against the bound (acquire and release
+        it); smaller ones are read at once."""
+        return size > SMALL_FRAME
+
     async def acquire(self, size: int) -> None:
-        if size <= SMALL_FRAME:
+        if not self.counts(size):
             return
         while self.limit >= 0 and self.used and self.used + size > self.limit:
             self._freed.clear()
@@ -32,7 +38,7 @@ class RequestMemory:
         self.used += size
 
     def release(self, size: int) -> None:
-        if size <= SMALL_FRAME:
+        if not self.counts(size):
             return
         self.used -= size
         self._freed.set()

@@ -210,7 +210,9 @@ class GatewayServer:
                     log.warning("%s: closing, request frame of %d bytes (limit %d)",
                                 peer, size, self.max_request_bytes)
                     return
-                await self.memory.acquire(size)
+                held = self.memory.counts(size)
+                if held:
+                    await self.memory.acquire(size)
                 try:
                     activity.frame_due, activity.frame_size = time.monotonic() + self.read_timeout_s, size
                     frame = await reader.readexactly(size)  # the sweeper aborts it past frame_due
@@ -225,7 +227,8 @@ class GatewayServer:
                             activity.mute(item[3].throttle_ms)
                     del frame
                 finally:
-                    self.memory.release(size)
+                    if held:
+                        self.memory.release(size)
                 if item is None:
                     return  # garbage: close the connection
                 await responses.put(item)

@@ -90,7 +90,8 @@ async def produce(ctx: RequestContext, req):
     body = {"responses": responses, "throttle_time_ms": 0}
     # producer_byte_rate counts the whole request, as Kafka does; the batches are kept and
     # the answer (or, for acks=0, the connection) carries the throttle.
-    ctx.throttle(broker.quotas.record(PRODUCER_BYTE_RATE, ctx.principal, ctx.client_id, ctx.request_bytes))
+    if broker.quotas.any_set:
+        ctx.throttle(broker.quotas.record(PRODUCER_BYTE_RATE, ctx.principal, ctx.client_id, ctx.request_bytes))
     if req.acks == 0:
         return NO_RESPONSE
     if req.acks == 1 or not waits:
