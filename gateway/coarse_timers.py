@@ -2,9 +2,9 @@
 for every callback due within the same few milliseconds.
 
 Every acks=all produce request has a deadline (its timeout_ms) that its WAL commit nearly
-always beats; a timer of its own armed and cancelled for each request cost more than the
-rest of its wait. Here a request adds its callback to the set of its deadline's tick, and
-only the first callback of a tick arms a timer; cancelling removes the callback.
+always beats; the requests waiting on one commit check theirs with one of these timers, and
+every commit due within one tick shares one event-loop timer: a callback joins the set of
+its deadline's tick, only the first of a tick arms a timer, and cancelling removes it.
 """
 
 from __future__ import annotations
