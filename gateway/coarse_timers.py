@@ -40,12 +40,16 @@ class CoarseTimers:
     def call_later(self, delay_s: float, callback: Callable[[], None]) -> CoarseHandle:
         """Run `callback` once `delay_s` has passed (up to TICK_S later), unless cancelled;
         on the running loop, whose timers these are."""
-        loop = asyncio.get_running_loop()
-        tick = math.ceil((loop.time() + delay_s) / TICK_S)
+        return self.call_at(asyncio.get_running_loop().time() + delay_s, callback)
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> CoarseHandle:
+        """Run `callback` once the running loop's clock reaches `when` (up to TICK_S
+        later), unless cancelled."""
+        tick = math.ceil(when / TICK_S)
         group = self._due.get(tick)
         if group is None:
             group = self._due[tick] = {}
-            loop.call_at(tick * TICK_S, self._fire, tick)
+            asyncio.get_running_loop().call_at(tick * TICK_S, self._fire, tick)
         handle = CoarseHandle(group, callback)
         group[handle] = None
         return handle

@@ -164,8 +164,7 @@ class _Waiters:
         if self.timer is not None:
             self.timer.cancel()
         self.due = due
-        self.timer = coarse_timers().call_later(due - asyncio.get_running_loop().time(),
-                                                functools.partial(_deadline_passed, f))
+        self.timer = coarse_timers().call_at(due, functools.partial(_deadline_passed, f))
 
 
 # The waiters of each commit future not yet ended. Every commit future ends (committed,
