@@ -144,8 +144,8 @@ class FileStore:
         for dirpath, dirnames, filenames in os.walk(base):
             rel = os.path.relpath(dirpath, self.root)
             rel = "" if rel == "." else rel.replace(os.sep, "/") + "/"
-            dirnames[:] = [d for d in dirnames
-                           if (rel + d + "/").startswith(prefix) or prefix.startswith(rel + d + "/")]
+            dirnames[:] = [d for d in dirnames if not d.startswith(TMP_PREFIX)
+                           and ((rel + d + "/").startswith(prefix) or prefix.startswith(rel + d + "/"))]
             for name in filenames:
                 key = rel + name
                 if name.startswith(TMP_PREFIX) or not key.startswith(prefix):

@@ -19,6 +19,7 @@ from stratalog.tiering.objectstore import ObjectNotFound, ObjectStoreError, open
 from stratalog.tiering.errors import CorruptObject
 from stratalog.tiering.objectstore.base import ObjectInfo, check_crc32c, crc32c_checksum
 from stratalog.tiering.objectstore.file import FileObjectStore
+from stratalog.tiering.objectstore.spare_files import SPARE_DIR
 from stratalog.tiering.objectstore.s3 import S3ObjectStore
 
 MiB = 1024 * 1024
@@ -238,6 +239,99 @@ def test_file_store_links_a_put_file_on_the_same_file_system(tmp_path):
     source.unlink()
     assert asyncio.run(store.get("topics/t/0/segment.log")) == b"batches" * 1000
     assert [o.key for o in asyncio.run(store.list("topics/t/0/"))] == ["topics/t/0/segment.log"]
+
+
+@pytest.mark.unit
+def test_file_store_reuses_deleted_files_for_later_puts(tmp_path):
+    # A deleted object's file becomes the next put's file (no inode allocated or freed), is
+    # emptied first, and is never listed or read as an object meanwhile.
+    root = tmp_path / "objects"
+
+    async def scenario():
+        store = FileObjectStore(root)
+        await store.put("wal/1/0001.wal", b"old bytes " * 1000)
+        inode = (root / "wal" / "1" / "0001.wal").stat().st_ino
+        await store.delete(["wal/1/0001.wal"])
+        assert [o.key for o in await store.list("")] == []
+        with pytest.raises(ObjectNotFound):
+            await store.get("wal/1/0001.wal")
+        await store.put("wal/1/0002.wal", b"new")
+        assert (root / "wal" / "1" / "0002.wal").stat().st_ino == inode
+        assert await store.get("wal/1/0002.wal") == b"new"
+        assert [(o.key, o.size) for o in await store.list("")] == [("wal/1/0002.wal", 3)]
+        # none left: a put creates a file
+        await store.put("wal/1/0003.wal", b"third")
+        assert (root / "wal" / "1" / "0003.wal").stat().st_ino != inode
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.unit
+def test_file_store_never_reuses_a_file_another_name_links(tmp_path):
+    # A sealed segment's object is a hard link to the local file: deleting the object must
+    # not empty or take the local file.
+    source = tmp_path / "sealed.log"
+    source.write_bytes(b"segment" * 100)
+    store = FileObjectStore(tmp_path / "objects")
+
+    async def scenario():
+        await store.put_file("topics/t/0/segment.log", source)
+        await store.delete(["topics/t/0/segment.log"])
+        await store.put("topics/t/0/next.log", b"x")
+        assert (tmp_path / "objects" / "topics" / "t" / "0" / "next.log").stat().st_ino != source.stat().st_ino
+        await store.delete(["topics"])  # a directory is not an object: nothing happens
+        assert [o.key for o in await store.list("")] == ["topics/t/0/next.log"]
+
+    asyncio.run(scenario())
+    assert source.read_bytes() == b"segment" * 100
+
+
+@pytest.mark.unit
+def test_file_store_spare_files_are_bounded_and_shared_safely(tmp_path):
+    # Two stores on one root (two processes) each take a spare by renaming it away, so no
+    # two objects ever share a file, even when both remember the same spares; past the
+    # bound, deleted files are unlinked.
+    root = tmp_path / "objects"
+
+    async def scenario():
+        first = FileObjectStore(root)
+        await asyncio.gather(*(first.put(f"a/{i}", b"x" * 100) for i in range(8)))
+        await first.delete([f"a/{i}" for i in range(8)])
+        assert len(os.listdir(root / SPARE_DIR)) == 8
+        second = FileObjectStore(root)  # reads the same eight names
+        await asyncio.gather(*(store.put(f"b/{n}{i}", f"{n}{i}".encode())
+                               for i in range(6) for n, store in (("p", first), ("q", second))))
+        inodes = {(root / "b" / f"{n}{i}").stat().st_ino for i in range(6) for n in "pq"}
+        assert len(inodes) == 12
+        for i in range(6):
+            assert await second.get(f"b/p{i}") == f"p{i}".encode()
+            assert await first.get(f"b/q{i}") == f"q{i}".encode()
+        assert os.listdir(root / SPARE_DIR) == []
+
+        bounded = FileObjectStore(root)
+        bounded._spares.kept = 3
+        await bounded.delete([f"b/p{i}" for i in range(6)])
+        assert len(os.listdir(root / SPARE_DIR)) == 3
+        assert [o.key for o in await bounded.list("b/")] == [f"b/q{i}" for i in range(6)]
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.unit
+def test_file_store_overwrites_a_spare_left_with_bytes(tmp_path):
+    # A process that died between keeping a file and emptying it leaves the old bytes in a
+    # spare: the put that takes it still writes exactly its own.
+    root = tmp_path / "objects"
+    (root / SPARE_DIR).mkdir(parents=True)
+    (root / SPARE_DIR / ".tmp-left").write_bytes(b"stale " * 1000)
+
+    async def scenario():
+        store = FileObjectStore(root)
+        await store.put("k", b"short")
+        assert await store.get("k") == b"short"
+        assert await store.size("k") == 5
+
+    asyncio.run(scenario())
 
 
 @pytest.mark.parametrize("size", [0, 1 * MiB + 7, 12 * MiB + 123])

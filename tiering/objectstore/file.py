@@ -3,7 +3,8 @@
 A key `a/b/c` is the file `<root>/a/b/c`. Puts are atomic: the bytes go to a temporary
 file in the target directory (its name starts with TMP_PREFIX, so listings skip it), are
 fsynced, renamed over the target, and the directory is fsynced, so a crash leaves either
-the old object or the whole new one. Deletes prune directories they leave empty.
+the old object or the whole new one. Deletes prune directories they leave empty; the files
+they delete become later puts' temporary files (see `spare_files`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,7 @@ from stratalog.tiering.objectstore.base import (
     check_range,
     new_stats,
 )
-
-TMP_PREFIX = ".tmp-"
+from stratalog.tiering.objectstore.spare_files import TMP_PREFIX, SpareFiles
 
 
 class FileObjectStore:
@@ -39,6 +39,7 @@ class FileObjectStore:
         self.root = root
         self.url = root.as_uri()
         self.stats = new_stats()
+        self._spares = SpareFiles(root)
 
     def __repr__(self) -> str:
         return f"FileObjectStore({str(self.root)!r})"
@@ -62,7 +63,7 @@ class FileObjectStore:
         """Write a whole object; visible to readers only once complete."""
         path = self._path(key)
         self.stats["put"] += 1
-        await self._run(f"put {key}", _write_atomically, path, data)
+        await self._run(f"put {key}", _write_atomically, path, data, self._spares)
         self.stats["bytes_out"] += len(data) if not isinstance(data, memoryview) else data.nbytes
 
     async def put_file(self, key: str, path: Path) -> None:
@@ -71,7 +72,7 @@ class FileObjectStore:
         through a small buffer."""
         target = self._path(key)
         self.stats["put"] += 1
-        size = await self._run(f"put {key}", _write_atomically, target, Path(path))
+        size = await self._run(f"put {key}", _write_atomically, target, Path(path), self._spares)
         self.stats["bytes_out"] += size
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
@@ -105,7 +106,7 @@ class FileObjectStore:
         if not paths:
             return
         self.stats["delete"] += 1
-        await self._run("delete", _delete_files, self.root, paths)
+        await self._run("delete", _delete_files, self.root, paths, self._spares)
 
     async def close(self) -> None:
         """Nothing to release."""
@@ -114,14 +115,17 @@ class FileObjectStore:
 _COPY_BUFFER = 1024 * 1024
 
 
-def _write_atomically(path: Path, data: bytes | bytearray | memoryview | Path) -> int:
+def _write_atomically(path: Path, data: bytes | bytearray | memoryview | Path,
+                      spares: SpareFiles) -> int:
     """Write `data` (or copy the file at that Path) to `path`: durable, and visible only
     once complete. Returns the bytes written."""
-    # A concurrent delete may prune the directory between mkdir and mkstemp; try again.
+    # A concurrent delete may prune the directory between mkdir and taking the temporary
+    # file; try again.
     for attempt in range(5):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=path.parent)
+            # A file to be linked replaces the temporary one, so it takes a new one.
+            fd, tmp = _temporary_file(path.parent, None if isinstance(data, Path) else spares)
             break
         except FileNotFoundError:
             if attempt == 4:
@@ -149,6 +153,15 @@ def _write_atomically(path: Path, data: bytes | bytearray | memoryview | Path) -
         raise
     _fsync_directory(path.parent)
     return size
+
+
+def _temporary_file(directory: Path, spares: SpareFiles | None) -> tuple[int, str]:
+    """An empty file in `directory` open for writing, and its path: a spare when there is
+    one (emptied: it may hold a deleted object's bytes), else a new one."""
+    tmp = spares.claim(directory) if spares is not None else None
+    if tmp is None:
+        return tempfile.mkstemp(prefix=TMP_PREFIX, dir=directory)
+    return os.open(tmp, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC), tmp
 
 
 def _linked(source: Path, tmp: str) -> bool:
@@ -214,7 +227,8 @@ def _list_files(root: Path, directory: str, prefix: str) -> list[ObjectInfo]:
         rel = os.path.relpath(dirpath, root)
         rel = "" if rel == "." else rel.replace(os.sep, "/") + "/"
         # Prune subtrees that cannot hold a matching key.
-        dirnames[:] = [d for d in dirnames if (rel + d + "/").startswith(prefix) or prefix.startswith(rel + d + "/")]
+        dirnames[:] = [d for d in dirnames if not d.startswith(TMP_PREFIX)
+                       and ((rel + d + "/").startswith(prefix) or prefix.startswith(rel + d + "/"))]
         for name in filenames:
             key = rel + name
             if name.startswith(TMP_PREFIX) or not key.startswith(prefix):
@@ -228,11 +242,12 @@ def _list_files(root: Path, directory: str, prefix: str) -> list[ObjectInfo]:
     return found
 
 
-def _delete_files(root: Path, paths: list[Path]) -> None:
+def _delete_files(root: Path, paths: list[Path], spares: SpareFiles) -> None:
     parents: set[Path] = set()
     for path in paths:
         try:
-            path.unlink()
+            if not spares.keep(path):
+                path.unlink()
         except FileNotFoundError:
             continue
         except IsADirectoryError:  # a "directory" is not an object: nothing to delete
