@@ -234,6 +234,11 @@ class ClusterStore(Protocol):
     async def wal_objects(self) -> list[WalObject]:
         """Every committed WAL object."""
 
+    async def catch_up(self) -> None:
+        """Read what changed in the log index since it was last read, where that costs no
+        round trip (a single-process coordinator); a gateway calls it every maintenance
+        tick, so that no call meets a long backlog to decode at once."""
+
     async def wal_ranges(self, topic_id: uuid.UUID, partition: int, from_offset: int
                          ) -> list[tuple[str, WalRange]]:
         """(object key, range) of committed WAL ranges of a partition that end at or after

@@ -69,6 +69,7 @@ import hashlib
 import json
 import uuid
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any, Iterable, Sequence, Union
 from urllib.parse import quote, unquote
 
@@ -88,6 +89,9 @@ TP = tuple[uuid.UUID, int]
 _REQUEST_BUDGET = 0.85
 # A large WAL commit retries this often when unrelated leadership changes interrupt it.
 _SPLIT_COMMIT_ATTEMPTS = 8
+# WAL entries removed by one transaction of a collection pass: about 2 ms of the embedded
+# coordinator's writer on the build machine.
+WAL_DELETES_PER_TXN = 64
 # What decoding a malformed stored value can raise.
 _BAD = (KeyError, TypeError, ValueError, AttributeError)
 
@@ -155,9 +159,14 @@ def _range_dict(r: WalRange) -> dict:
             "position": r.position, "length": r.length, "max_timestamp": r.max_timestamp}
 
 
+# Topic ids as the index reads them, thousands of times over for a few topics: parsed once
+# each, and equal ids are then one object (dict lookups on them compare by identity first).
+_topic_id = lru_cache(maxsize=1 << 16)(uuid.UUID)
+
+
 def _ranges(key: str, items: Any, format_version: int = 1) -> list[WalRange]:
     try:
-        return [WalRange(uuid.UUID(d["topic_id"]), int(d["partition"]), int(d["base_offset"]),
+        return [WalRange(_topic_id(d["topic_id"]), int(d["partition"]), int(d["base_offset"]),
                          int(d["last_offset"]), int(d["position"]), int(d["length"]),
                          int(d["max_timestamp"]), format_version) for d in items]
     except _BAD as e:
@@ -266,7 +275,15 @@ _Decoded = Union[TopicInfo, tuple[uuid.UUID, int, PartitionState], None]
 
 def _parse_tp(key: str, tid: str, p: str) -> TP:
     try:
-        return uuid.UUID(tid), int(p)
+        return _topic_id(tid), int(p)
+    except ValueError:
+        raise CoordinatorError(f"malformed coordinator key {key}") from None
+
+
+def _wal_entry(key: str, parts: list[str]) -> tuple[tuple[int, int], int]:
+    """(gateway id, sequence) and part number (-1: the header) of a key under wal/."""
+    try:
+        return (int(parts[1]), int(parts[2])), int(parts[3]) if len(parts) == 4 else -1
     except ValueError:
         raise CoordinatorError(f"malformed coordinator key {key}") from None
 
@@ -297,7 +314,14 @@ def _cut_ranges(ranges: list[WalRange], tp: TP, end_offset: int, obj_key: str,
 
 @dataclass
 class _Index:
-    """What is known of topics and logs as of `revision` (0: nothing loaded yet)."""
+    """What is known of topics and logs as of `revision` (0: nothing loaded yet).
+
+    Each key's decoded value is kept with its mod revision (`decoded`). A read of what
+    changed cannot show what was deleted, so after a deletion the index reads every key
+    again; it then drops what is gone and decodes only keys whose revision moved (a key
+    written again gets a new one) onto a copy of itself (`carried`), instead of decoding
+    everything: a WAL collection pass, a deletion, runs every minute, and decoding a WAL
+    object's ranges is what a read of thousands of them costs."""
 
     revision: int = 0
     topics: dict[uuid.UUID, TopicInfo] = field(default_factory=dict)
@@ -309,42 +333,98 @@ class _Index:
     by_tp: dict[TP, dict[tuple[int, int], tuple[str, list[WalRange]]]] = \
         field(default_factory=dict)
     max_last: dict[TP, int] = field(default_factory=dict)
+    decoded: dict[str, tuple[int, Any]] = field(default_factory=dict)  # key: (mod revision, value)
 
-    def apply(self, rel: str, key: str, value: bytes, touched: set) -> None:
+    def apply(self, rel: str, key: str, value: bytes, mod: int, touched: set) -> None:
+        """Take in one key as of its mod revision; `touched` gathers the WAL objects whose
+        keys were taken in."""
         parts = rel.split("/")
         kind = parts[0]
+        item: Any
         if kind == "topics" and len(parts) == 2:
-            t = _topic(key, value)
-            self.topics[t.topic_id] = t
+            item = _topic(key, value)
+            self.topics[item.topic_id] = item
         elif kind == "logs" and len(parts) == 3:
             d = _loads(key, value)
             try:
-                self.log_start[_parse_tp(key, parts[1], parts[2])] = int(d["log_start_offset"])
+                item = (_parse_tp(key, parts[1], parts[2]), int(d["log_start_offset"]))
             except _BAD as e:
                 raise CoordinatorError(f"corrupt log state at {key}: {e!r}") from None
+            self.log_start[item[0]] = item[1]
         elif kind == "segments" and len(parts) == 4:
-            tp = _parse_tp(key, parts[1], parts[2])
-            s = _segment(key, value)
-            self.segments.setdefault(tp, {})[s.base_offset] = s
-            self._note_last(tp, s.last_offset)
+            tp, seg = item = (_parse_tp(key, parts[1], parts[2]), _segment(key, value))
+            self.segments.setdefault(tp, {})[seg.base_offset] = seg
+            self._note_last(tp, seg.last_offset)
         elif kind == "wal" and len(parts) in (3, 4):
-            try:
-                ws = (int(parts[1]), int(parts[2]))
-                part = int(parts[3]) if len(parts) == 4 else -1
-            except ValueError:
-                raise CoordinatorError(f"malformed coordinator key {key}") from None
+            ws, part = _wal_entry(key, parts)
             d = _loads(key, value)
             if not isinstance(d, dict):
                 raise CoordinatorError(f"corrupt WAL entry at {key}")
+            self._drop_object(ws)  # taken again below, from what this key now says
             if part < 0:
-                self.wal_heads[ws] = d
+                item = self.wal_heads[ws] = d
             else:
-                self.wal_parts.setdefault(ws, {})[part] = _ranges(key, d.get("ranges"))
+                item = self.wal_parts.setdefault(ws, {})[part] = _ranges(key, d.get("ranges"))
             touched.add(ws)
+        else:
+            return
+        self.decoded[key] = (mod, item)
+
+    def carried(self, stale: set[str], prefix_len: int, touched: set) -> _Index:
+        """A copy of this index without the `stale` keys (gone, or written again); WAL
+        objects that had one go into `touched`, to be assembled again from the keys left
+        and the new values (and refused, as a full decode would, if a part is missing)."""
+        dropped = {_wal_entry(key, key[prefix_len:].split("/"))[0] for key in stale
+                   if key[prefix_len:].startswith("wal/")}
+        new = _Index(topics=dict(self.topics), log_start=dict(self.log_start),
+                     segments={tp: dict(segs) for tp, segs in self.segments.items()},
+                     wal_heads=dict(self.wal_heads),
+                     wal_parts={ws: dict(parts) for ws, parts in self.wal_parts.items()},
+                     objects={ws: o for ws, o in self.objects.items() if ws not in dropped},
+                     by_tp={tp: {ws: e for ws, e in found.items() if ws not in dropped}
+                            for tp, found in self.by_tp.items()},
+                     decoded=dict(self.decoded))
+        touched |= dropped
+        for key in stale:
+            _, item = new.decoded.pop(key)
+            parts = key[prefix_len:].split("/")
+            if parts[0] == "topics":
+                new.topics.pop(item.topic_id, None)
+            elif parts[0] == "logs":
+                new.log_start.pop(item[0], None)
+            elif parts[0] == "segments":
+                segs = new.segments.get(item[0], {})
+                segs.pop(item[1].base_offset, None)
+                if not segs:
+                    new.segments.pop(item[0], None)
+            else:
+                ws, part = _wal_entry(key, parts)
+                if part < 0:
+                    new.wal_heads.pop(ws, None)
+                else:
+                    new.wal_parts.get(ws, {}).pop(part, None)
+        return new
+
+    def _drop_object(self, ws: tuple[int, int]) -> None:
+        obj = self.objects.pop(ws, None)
+        if obj is not None:
+            for r in obj.ranges:
+                self.by_tp.get((r.topic_id, r.partition), {}).pop(ws, None)
 
     def _note_last(self, tp: TP, last: int) -> None:
         if last > self.max_last.get(tp, -1):
             self.max_last[tp] = last
+
+    def recount_last(self) -> None:
+        """Each partition's last offset anew, from its segments and WAL ranges (after a
+        reload: a truncation lowers it)."""
+        self.max_last = {}
+        for tp, segs in self.segments.items():
+            if segs:
+                self.max_last[tp] = max(seg.last_offset for seg in segs.values())
+        for tp, found in self.by_tp.items():
+            if found:
+                self._note_last(tp, max(r.last_offset for _, rs in found.values() for r in rs))
 
     def assemble(self, touched: set) -> None:
         """Make WAL objects visible once their header (and every part it names) is known."""
@@ -366,12 +446,21 @@ class _Index:
                 ranges += [replace(r, format_version=fmt) for r in parts[i]]
             obj = WalObject(ws[0], ws[1], str(head.get("key")), tuple(ranges), fmt)
             self.objects[ws] = obj
-            grouped: dict[TP, list[WalRange]] = {}
+            # Every WAL commit passes here once (a few hundred a second): one pass over its
+            # ranges, no dict of its own.
+            max_last = self.max_last
             for r in ranges:
-                grouped.setdefault((r.topic_id, r.partition), []).append(r)
-            for tp, rs in grouped.items():
-                self.by_tp.setdefault(tp, {})[ws] = (obj.key, rs)
-                self._note_last(tp, max(r.last_offset for r in rs))
+                tp = (r.topic_id, r.partition)
+                found = self.by_tp.get(tp)
+                if found is None:
+                    found = self.by_tp[tp] = {}
+                entry = found.get(ws)
+                if entry is None:
+                    found[ws] = (obj.key, [r])
+                else:
+                    entry[1].append(r)
+                if r.last_offset > max_last.get(tp, -1):
+                    max_last[tp] = r.last_offset
 
     def seg_last(self, tp: TP) -> int:
         segs = self.segments.get(tp)
@@ -470,11 +559,13 @@ class KVClusterStore:
     def _budget(self) -> int:
         return int(self.kv.max_request_bytes * _REQUEST_BUDGET)
 
-    async def _batched(self, ops: Sequence[Op], extra: Sequence[Op] = ()) -> None:
-        """Apply ops in as few unconditional transactions as the limits allow, each one
-        carrying `extra` too (e.g. the deletion mark)."""
+    async def _batched(self, ops: Sequence[Op], extra: Sequence[Op] = (), most: int | None = None) -> None:
+        """Apply ops in as few unconditional transactions as the limits allow (and at most
+        `most` ops each), each one carrying `extra` too (e.g. the deletion mark)."""
         extra = list(extra)
         room = self.kv.max_txn_ops - len(extra)
+        if most is not None:
+            room = min(room, most)
         base = request_bytes([], extra)
         batch: list[Op] = []
         size = base  # the batch's request bytes, kept as it grows (thousands of partitions)
@@ -884,24 +975,37 @@ class KVClusterStore:
     async def _refresh(self) -> None:
         prefixes = [self._k(p) for p in ("topics/", "logs/", "segments/", "wal/")]
         prefixes.append(self._deletions_key)
-        idx = self._index
-        if idx.revision:
+        idx, reload = self._index, not self._index.revision
+        if not reload:
             rev, kvs = await self.kv.snapshot(prefixes, idx.revision + 1)
-            if any(k == self._deletions_key for k, _, _ in kvs):
-                idx = _Index()
-        if not idx.revision:
+            reload = any(k == self._deletions_key for k, _, _ in kvs)
+        if reload:
             rev, kvs = await self.kv.snapshot(prefixes, 0)
         try:
             touched: set = set()
-            for key, value, _ in kvs:
+            if reload and idx.revision:
+                found = {k: m for k, _, m in kvs}
+                stale = {k for k, (m, _) in idx.decoded.items() if found.get(k) != m}
+                idx = idx.carried(stale, len(self.prefix), touched)
+                kvs = [(k, v, m) for k, v, m in kvs if k not in idx.decoded]
+            for key, value, mod in kvs:
                 if key != self._deletions_key:
-                    idx.apply(key[len(self.prefix):], key, value, touched)
+                    idx.apply(key[len(self.prefix):], key, value, mod, touched)
             idx.assemble(touched)
+            if reload:
+                idx.recount_last()
         except BaseException:
             self._index = _Index()  # half-applied: the next call reloads in full
             raise
         idx.revision = rev
         self._index = idx
+
+    async def catch_up(self) -> None:
+        # Each WAL commit's entry is decoded once the index reads it: at a few hundred
+        # flushes a second, a minute of them left to the next collection pass took it
+        # seconds of event loop at once.
+        if self.kv.local_revision() is not None:
+            await self._sync()
 
     async def log_state(self, topic_id: uuid.UUID, partition: int) -> LogState:
         await self._sync()
@@ -1083,20 +1187,29 @@ class KVClusterStore:
         lies below its partition's log start, or is covered by a sealed segment."""
         await self._sync()
         idx = self._index
+        # Per partition, the first offset still read from the WAL (None: the partition is
+        # gone), worked out once a call: a partition's sealed end is a max over its
+        # segments, and a collection pass looks at thousands of ranges of a few partitions.
+        wanted_from: dict[TP, int | None] = {}
 
         def needed(r: WalRange) -> bool:
             tp = (r.topic_id, r.partition)
-            topic = idx.topics.get(r.topic_id)
-            if topic is None or r.partition >= topic.partitions:
-                return False
-            return r.last_offset >= idx.log_start.get(tp, 0) and r.last_offset > idx.seg_last(tp)
+            if tp not in wanted_from:
+                topic = idx.topics.get(r.topic_id)
+                wanted_from[tp] = (None if topic is None or r.partition >= topic.partitions
+                                   else max(idx.log_start.get(tp, 0), idx.seg_last(tp) + 1))
+            start = wanted_from[tp]
+            return start is not None and r.last_offset >= start
 
         return [idx.objects[ws] for ws in sorted(idx.objects)
                 if not any(needed(r) for r in idx.objects[ws].ranges)]
 
     async def delete_wal_objects(self, keys: list[tuple[int, int]]) -> None:
+        """Remove WAL entries, WAL_DELETES_PER_TXN to a transaction: the gateway's WAL
+        commits queue behind each one, so a collection pass of a minute of WAL objects
+        must not be a single long transaction."""
         await self._batched([DeletePrefix(self._wal_key(gw, seq)) for gw, seq in keys],
-                            [self._deletion_mark()])
+                            [self._deletion_mark()], most=WAL_DELETES_PER_TXN)
 
     # --- segments ------------------------------------------------------------------------
 

@@ -258,7 +258,8 @@ class Broker:
 
     async def maintain_once(self, force_cleaning: bool = False) -> None:
         """Roll due segments; every log.retention.check.interval.ms also apply retention,
-        collect garbage and refresh group lag."""
+        collect garbage and refresh group lag; then bring the coordinator's log index up to
+        date (`ClusterStore.catch_up`)."""
         self.engine.roll_due()
         interval = self.config["log.retention.check.interval.ms"] / 1000
         if force_cleaning or self.clock() - self._last_cleaning >= interval:
@@ -276,6 +277,7 @@ class Broker:
                 await self.snapshots.maybe_write(self.controller.is_controller)
             except (CoordinatorUnavailable, ObjectStoreError) as e:
                 log.warning("coordinator snapshot not written, retrying next tick: %s", e)
+        await self.store.catch_up()
 
     async def refresh_group_lag(self) -> None:
         lag = {}

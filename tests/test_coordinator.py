@@ -878,3 +878,91 @@ def test_a_transaction_state_is_deleted_only_at_its_revision_and_the_watch_names
         await watch.close()
         assert seen == [("put", tid), ("delete", tid)]
     run(body())
+
+
+@pytest.mark.unit
+def test_the_log_index_after_deletions_is_what_a_fresh_read_makes_of_the_same_keys(tmp_path):
+    # A deletion makes the index read every key again, and it then decodes only what
+    # changed onto a copy of itself: after any mix of WAL commits (split ones too),
+    # seals, collections, truncations, log-start moves and topic changes, what it answers
+    # is what a store that decoded everything anew answers.
+    import random
+
+    async def go():
+        kv = EmbeddedKV(tmp_path / "coord", max_txn_ops=8)  # objects of 8+ ranges are split
+        live = KVClusterStore(kv, "c")
+        rnd = random.Random(7)
+        topics = {}
+        sequence, ends = 0, {}
+
+        async def add_topic(name, n):
+            t = await live.create_topic(name, n, 1, {}, states(n))
+            topics[name] = t
+            for p in range(n):
+                ends[(t.topic_id, p)] = 0
+
+        async def same():
+            fresh = KVClusterStore(kv, "c")  # shares the KV: never closed
+            tps = sorted(ends, key=lambda tp: (str(tp[0]), tp[1]))
+            assert await live.wal_objects() == await fresh.wal_objects()
+            assert await live.log_states(tps) == await fresh.log_states(tps)
+            assert await live.obsolete_wal_objects() == await fresh.obsolete_wal_objects()
+            for tp in tps:
+                assert await live.segments(*tp) == await fresh.segments(*tp)
+                assert await live.wal_ranges(*tp, 0) == await fresh.wal_ranges(*tp, 0)
+
+        await add_topic("a", 12)
+        await add_topic("b", 3)
+        for step in range(160):
+            op = rnd.random()
+            if op < 0.5:  # a WAL commit over some partitions
+                chosen = rnd.sample(sorted(ends, key=lambda tp: (str(tp[0]), tp[1])), rnd.randint(1, 10))
+                ranges = []
+                for i, tp in enumerate(chosen):
+                    n = rnd.randint(1, 5)
+                    ranges.append(rng(tp[0], tp[1], ends[tp], ends[tp] + n - 1, i * 100))
+                    ends[tp] += n
+                sequence += 1
+                await live.commit_wal(WalObject(1, sequence, f"wal/1/{sequence}.wal", tuple(ranges)),
+                                      {tp: 0 for tp in chosen})
+            elif op < 0.65:  # a seal of what one partition has
+                tp = rnd.choice(sorted(ends, key=lambda tp: (str(tp[0]), tp[1])))
+                done = (await live.segments(*tp))
+                start = done[-1].last_offset + 1 if done else 0
+                if ends[tp] > start:
+                    await live.commit_segment(*tp, seg(start, ends[tp] - 1, 0, f"seg/{step}"), 0)
+            elif op < 0.8:  # a collection pass
+                obsolete = await live.obsolete_wal_objects()
+                await live.delete_wal_objects([(o.gateway_id, o.sequence) for o in obsolete])
+            elif op < 0.88:  # a truncation of one partition's unsealed tail
+                tp = rnd.choice(sorted(ends, key=lambda tp: (str(tp[0]), tp[1])))
+                done = await live.segments(*tp)
+                sealed_end = done[-1].last_offset + 1 if done else 0
+                if ends[tp] > sealed_end + 1:
+                    cut = rnd.randint(max(sealed_end + 1, ends[tp] - 4), ends[tp] - 1)  # a few entries
+                    ranges = await live.wal_ranges(*tp, 0)
+                    kept = [(k, r) for k, r in ranges if r.base_offset < cut]
+                    shortened = None
+                    if kept and kept[-1][1].last_offset >= cut:
+                        key, r = kept[-1]
+                        shortened = (key, WalRange(r.topic_id, r.partition, r.base_offset, cut - 1,
+                                                   r.position, r.length, r.max_timestamp))
+                    await live.truncate_wal(*tp, cut, 0, shortened)
+                    ends[tp] = cut
+            elif op < 0.95:  # the log start moves up
+                tp = rnd.choice(sorted(ends, key=lambda tp: (str(tp[0]), tp[1])))
+                start = (await live.log_state(*tp)).log_start_offset
+                if ends[tp] > start:
+                    await live.set_log_start_offset(*tp, rnd.randint(start, ends[tp]))
+            else:  # a topic comes and goes
+                if "c" in topics:
+                    gone = topics.pop("c")
+                    await live.delete_topic("c")
+                    for p in range(gone.partitions):
+                        ends.pop((gone.topic_id, p))
+                else:
+                    await add_topic("c", 2)
+            await same()
+        await live.close()
+
+    run(go())
