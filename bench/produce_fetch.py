@@ -85,7 +85,7 @@ class GatewayView:
     its CPU share, its own Produce latency and its WAL flushes (from /metrics, whose
     histogram buckets bound each percentile: "<= 10" is the bucket it falls in)."""
 
-    HISTOGRAMS = ("stratalog_request_seconds", "stratalog_wal_flush_seconds")
+    HISTOGRAMS = ("stratalog_request_seconds", "stratalog_wal_flush_seconds", "stratalog_gc_pause_seconds")
 
     def __init__(self, pid: int, http: int):
         self.pid, self.http = pid, http
@@ -101,7 +101,8 @@ class GatewayView:
         out: dict[str, list[tuple[float, float]]] = {name: [] for name in self.HISTOGRAMS}
         for line in text.splitlines():
             name, _, rest = line.partition("_bucket{")
-            if name not in out or (name == "stratalog_request_seconds" and 'api="Produce"' not in rest):
+            if name not in out or (name == "stratalog_request_seconds" and 'api="Produce"' not in rest) \
+                    or (name == "stratalog_gc_pause_seconds" and 'generation="2"' not in rest):
                 continue
             labels, _, value = rest.rpartition("} ")
             bound = labels.split('le="', 1)[1].split('"', 1)[0]
@@ -125,10 +126,14 @@ class GatewayView:
 
         req, flush = counts("stratalog_request_seconds"), counts("stratalog_wal_flush_seconds")
         n_req, n_flush = (req[-1][1] if req else 0), (flush[-1][1] if flush else 0)
+        full = counts("stratalog_gc_pause_seconds")  # full collections only
+        n_full = full[-1][1] if full else 0
+        longest = next((f"{b * 1000:g}" for b, n in full if n == n_full), "-") if n_full else "-"
         return (f"{n_req / secs:.0f} produce requests/s, gateway CPU {100 * cpu / secs:.0f}% of a core "
                 f"(its event loop {100 * loop / secs:.0f}%); "
                 f"its Produce latency p50 <= {bound(req, 0.5)} ms, p99 <= {bound(req, 0.99)} ms; "
-                f"{n_flush / secs:.0f} WAL flushes/s, p50 <= {bound(flush, 0.5)} ms, p99 <= {bound(flush, 0.99)} ms")
+                f"{n_flush / secs:.0f} WAL flushes/s, p50 <= {bound(flush, 0.5)} ms, p99 <= {bound(flush, 0.99)} ms; "
+                f"{n_full:.0f} full garbage collections" + (f", each <= {longest} ms" if n_full else ""))
 
 
 def tansu_binary() -> str | None:

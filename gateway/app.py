@@ -17,6 +17,7 @@ from .auth.tls import ServerTls
 from .broker import Broker, start_step
 from .config import BrokerConfig, ConfigError
 from .connection_limits import ConnectionLimits
+from .gc_schedule import FullCollections
 from .request_memory import RequestMemory
 from .http import HttpServer
 from .metrics import GatewayMetrics
@@ -279,7 +280,13 @@ async def serve_forever(options: GatewayOptions, ready=print) -> None:
         # gateway: out of the collector's sight, a full collection under load takes a
         # millisecond instead of tens, which every request in flight would wait.
         gc.freeze()
-        ready(gw.banner())
-        await asyncio.Event().wait()
+        with FullCollections(gw.metrics.gc_pauses) as full:
+            collections = asyncio.create_task(full.run(), name="full garbage collections")
+            try:
+                ready(gw.banner())
+                await asyncio.Event().wait()
+            finally:
+                collections.cancel()
+                await asyncio.wait({collections})
     finally:
         await gw.shutdown()

@@ -26,6 +26,9 @@ class GatewayMetrics:
         self.records_in: dict[str, int] = {}
         self.bytes_out: dict[str, int] = {}
         self.requests: dict[str, _Latencies] = {}  # by API name
+        # Garbage-collection pauses by generation (gc_schedule observes them, from inside
+        # the collector: hence these lock-free counts, never a prometheus_client metric).
+        self.gc_pauses = {generation: _Latencies() for generation in (0, 1, 2)}
         self.registry.register(_HotPathCollector(self))
         self.wal_flush = Histogram("stratalog_wal_flush_seconds", "WAL object upload plus commit",
                                    buckets=LATENCY_BUCKETS, registry=self.registry)
@@ -101,6 +104,12 @@ class _HotPathCollector:
         for api, latencies in sorted(m.requests.items()):
             requests.add_metric([api], latencies.buckets(), latencies.total)
         yield requests
+        pauses = HistogramMetricFamily("stratalog_gc_pause_seconds",
+                                       "Python garbage-collection pauses, by generation (2: full)",
+                                       labels=["generation"])
+        for generation, latencies in sorted(m.gc_pauses.items()):
+            pauses.add_metric([str(generation)], latencies.buckets(), latencies.total)
+        yield pauses
 
 
 class _StateCollector:

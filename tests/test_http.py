@@ -31,6 +31,10 @@ def test_health_ready_and_metrics(gateway):
     assert 'stratalog_wal_flush_seconds_count' in text
     assert 'stratalog_partitions_led 1.0' in text
     assert 'stratalog_object_store_requests_total{operation="put"}' in text
+    # The process's collections are timed (gateway/gc_schedule.py): young ones have run.
+    young = next(line for line in text.splitlines()
+                 if line.startswith('stratalog_gc_pause_seconds_count{generation="0"}'))
+    assert float(young.split()[-1]) > 0
 
 
 def test_replace_rejects_bad_requests(gateway):
