@@ -2,10 +2,12 @@
 gateway settings side by side: each variant runs a fresh gateway, variants alternate (the
 order reversed every other round), with what the gateway saw during each run.
 
-    .venv/bin/python bench/latency_settings.py [--rounds 3] NAME[=KEY:VALUE[,KEY:VALUE...]] ...
+    .venv/bin/python bench/latency_settings.py [--rounds 3] [--seconds 5] NAME[=KEY:VALUE[,KEY:VALUE...]] ...
 
-A variant named alone is the defaults: `now` beside `spaced=wal.flush.ms:5`. Prints
-figures; never passes or fails on time.
+A variant named alone is the defaults: `now` beside `spaced=wal.flush.ms:5`. `--seconds`
+is each case's measured window (after its 2 s warm-up): past 60 it includes the WAL
+collection passes and the log index a long-running gateway holds. Prints figures; never
+passes or fails on time.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def variant(text: str) -> tuple[str, dict[str, str]]:
     return name, settings
 
 
-def run(name: str, settings: dict[str, str]) -> list[str]:
+def run(name: str, settings: dict[str, str], seconds: float) -> list[str]:
     work = Path(tempfile.mkdtemp(prefix="stratalog-latency-"))
     proc, port, http = start_stratalog(work / "data", settings)
     try:
@@ -39,7 +41,7 @@ def run(name: str, settings: dict[str, str]) -> list[str]:
         create(bootstrap, "latency", 8)
         lines = []
         for label, mbps, idempotent in LATENCY_CASES:
-            p50, p99, got, seen = latency_case(bootstrap, proc.pid, http, mbps, idempotent)
+            p50, p99, got, seen = latency_case(bootstrap, proc.pid, http, mbps, idempotent, seconds)
             lines.append(f"{name:>12} {label:>20}: p50 {p50:7.1f} ms, p99 {p99:7.1f} ms, {got:5.1f} MB/s "
                          f"delivered | {seen}")
         return lines
@@ -52,12 +54,13 @@ def run(name: str, settings: dict[str, str]) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=5.0, help="measured window of each case")
     ap.add_argument("variants", nargs="+", type=variant, help="NAME[=KEY:VALUE[,KEY:VALUE...]]")
     args = ap.parse_args()
     for r in range(args.rounds):
         order = args.variants if r % 2 == 0 else list(reversed(args.variants))
         for name, settings in order:
-            for line in run(name, settings):
+            for line in run(name, settings, args.seconds):
                 print(f"round {r + 1} {line}", flush=True)
 
 

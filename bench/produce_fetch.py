@@ -244,13 +244,14 @@ def ack_latency(bootstrap: str, topic: str, *, offered_mbps: float, idempotent: 
 
 
 def latency_case(bootstrap: str, pid: int, http: int | None, offered_mbps: float,
-                 idempotent: bool) -> tuple[float, float, float, str | None]:
+                 idempotent: bool, seconds: float = 5.0) -> tuple[float, float, float, str | None]:
     """`ack_latency` on topic "latency", with what the gateway saw meanwhile (None for a
     broker without Stratalog's /metrics)."""
     view = GatewayView(pid, http) if http is not None else None
     if view is not None:
         view.start()
-    p50, p99, delivered = ack_latency(bootstrap, "latency", offered_mbps=offered_mbps, idempotent=idempotent)
+    p50, p99, delivered = ack_latency(bootstrap, "latency", offered_mbps=offered_mbps, idempotent=idempotent,
+                                      seconds=seconds)
     return p50, p99, delivered, view.summary() if view is not None else None
 
 

@@ -116,12 +116,16 @@ class EmbeddedKV:
             self._reader = self._connect(path)
             conns.append(self._reader)
             self._reader.execute("PRAGMA query_only=1")
+            self._snapshot_reader = self._connect(path)
+            conns.append(self._snapshot_reader)
+            self._snapshot_reader.execute("PRAGMA query_only=1")
         except BaseException:
             for c in conns:
                 c.close()
             os.close(self._lock_fd)
             raise
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stratalog-kv")
+        self._snapshots = _snapshot_thread()
         self._drop_stale_leased_keys()
 
     # --- setup --------------------------------------------------------------------------
@@ -291,8 +295,16 @@ class EmbeddedKV:
 
     async def snapshot(self, prefixes: list[str], min_mod_revision: int = 0
                        ) -> tuple[int, list[tuple[str, bytes, int]]]:
+        # On a connection and thread of its own: a full read (the log index reloads after
+        # every deletion) is every WAL entry of the last minute, hundreds of milliseconds
+        # that would stop the event loop; SQLite lets the gateway's thread go meanwhile.
         await self._expire()
-        r = self._reader
+        return await asyncio.get_running_loop().run_in_executor(
+            self._snapshots, self._read_snapshot, prefixes, min_mod_revision)
+
+    def _read_snapshot(self, prefixes: list[str], min_mod_revision: int
+                       ) -> tuple[int, list[tuple[str, bytes, int]]]:
+        r = self._snapshot_reader
         r.execute("BEGIN")
         try:
             rev = self._revision(r)
@@ -421,7 +433,9 @@ class EmbeddedKV:
             w.push(None)
         self._watches.clear()
         self._executor.shutdown(wait=True)
+        self._snapshots.shutdown(wait=True)
         self._reader.close()
+        self._snapshot_reader.close()
         self._writer.close()
         os.close(self._lock_fd)  # closing the descriptor releases the flock
 
@@ -445,20 +459,27 @@ class EmbeddedReader(EmbeddedKV):
         path = self.data_dir / DB_FILE
         if not path.is_file():
             raise CoordinatorError(f"no embedded coordinator database at {path}")
-        self._reader = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True,
-                                       isolation_level=None, check_same_thread=False)
+        self._reader, self._snapshot_reader = (
+            sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None,
+                            check_same_thread=False) for _ in range(2))
         self._writer = self._reader  # _check_format reads through it; nothing writes here
         try:
-            self._reader.execute("PRAGMA busy_timeout=5000")
+            for conn in (self._reader, self._snapshot_reader):
+                conn.execute("PRAGMA busy_timeout=5000")
             self._check_format(path)
             if self._reader.execute("SELECT value FROM meta WHERE name='revision'").fetchone() is None:
                 raise CoordinatorError(f"{path} is damaged: its meta row 'revision' is missing")
         except sqlite3.DatabaseError as e:
-            self._reader.close()
+            self._close_connections()
             raise CoordinatorError(f"{path} is not a usable stratalog coordinator database: {e}") from e
         except BaseException:
-            self._reader.close()
+            self._close_connections()
             raise
+        self._snapshots = _snapshot_thread()
+
+    def _close_connections(self) -> None:
+        self._reader.close()
+        self._snapshot_reader.close()
 
     async def _write(self, fn):
         raise CoordinatorError(f"the embedded coordinator of {self.data_dir} is open read-only here")
@@ -466,4 +487,9 @@ class EmbeddedReader(EmbeddedKV):
     async def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._reader.close()
+            self._snapshots.shutdown(wait=True)
+            self._close_connections()
+
+
+def _snapshot_thread() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="stratalog-kv-snapshot")

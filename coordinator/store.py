@@ -65,6 +65,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import hashlib
 import json
 import uuid
@@ -373,17 +374,29 @@ class _Index:
     def carried(self, stale: set[str], prefix_len: int, touched: set) -> _Index:
         """A copy of this index without the `stale` keys (gone, or written again); WAL
         objects that had one go into `touched`, to be assembled again from the keys left
-        and the new values (and refused, as a full decode would, if a part is missing)."""
+        and the new values (and refused, as a full decode would, if a part is missing).
+        The copy's last offset of a partition is recounted where a dropped key held it (a
+        truncation lowers it). Dicts are copied whole and what is dropped is then removed:
+        a reload after a WAL collection keeps tens of thousands of objects, drops a few
+        dozen, and none of them held a partition's last offset."""
         dropped = {_wal_entry(key, key[prefix_len:].split("/"))[0] for key in stale
                    if key[prefix_len:].startswith("wal/")}
         new = _Index(topics=dict(self.topics), log_start=dict(self.log_start),
                      segments={tp: dict(segs) for tp, segs in self.segments.items()},
                      wal_heads=dict(self.wal_heads),
                      wal_parts={ws: dict(parts) for ws, parts in self.wal_parts.items()},
-                     objects={ws: o for ws, o in self.objects.items() if ws not in dropped},
-                     by_tp={tp: {ws: e for ws, e in found.items() if ws not in dropped}
-                            for tp, found in self.by_tp.items()},
-                     decoded=dict(self.decoded))
+                     objects=dict(self.objects),
+                     by_tp={tp: dict(found) for tp, found in self.by_tp.items()},
+                     max_last=dict(self.max_last), decoded=dict(self.decoded))
+        lowered: set[TP] = set()
+        for ws in dropped:
+            obj = new.objects.pop(ws, None)
+            if obj is not None:
+                for r in obj.ranges:
+                    tp = (r.topic_id, r.partition)
+                    new.by_tp.get(tp, {}).pop(ws, None)
+                    if r.last_offset >= self.max_last.get(tp, -1):
+                        lowered.add(tp)
         touched |= dropped
         for key in stale:
             _, item = new.decoded.pop(key)
@@ -397,12 +410,15 @@ class _Index:
                 segs.pop(item[1].base_offset, None)
                 if not segs:
                     new.segments.pop(item[0], None)
+                if item[1].last_offset >= self.max_last.get(item[0], -1):
+                    lowered.add(item[0])
             else:
                 ws, part = _wal_entry(key, parts)
                 if part < 0:
                     new.wal_heads.pop(ws, None)
                 else:
                     new.wal_parts.get(ws, {}).pop(part, None)
+        new.recount_last(lowered)
         return new
 
     def _drop_object(self, ws: tuple[int, int]) -> None:
@@ -415,14 +431,14 @@ class _Index:
         if last > self.max_last.get(tp, -1):
             self.max_last[tp] = last
 
-    def recount_last(self) -> None:
-        """Each partition's last offset anew, from its segments and WAL ranges (after a
-        reload: a truncation lowers it)."""
-        self.max_last = {}
-        for tp, segs in self.segments.items():
+    def recount_last(self, tps: set[TP]) -> None:
+        """These partitions' last offsets anew, from their segments and WAL ranges."""
+        for tp in tps:
+            self.max_last.pop(tp, None)
+            segs = self.segments.get(tp)
             if segs:
                 self.max_last[tp] = max(seg.last_offset for seg in segs.values())
-        for tp, found in self.by_tp.items():
+            found = self.by_tp.get(tp)
             if found:
                 self._note_last(tp, max(r.last_offset for _, rs in found.values() for r in rs))
 
@@ -986,14 +1002,18 @@ class KVClusterStore:
             if reload and idx.revision:
                 found = {k: m for k, _, m in kvs}
                 stale = {k for k, (m, _) in idx.decoded.items() if found.get(k) != m}
-                idx = idx.carried(stale, len(self.prefix), touched)
-                kvs = [(k, v, m) for k, v, m in kvs if k not in idx.decoded]
+                if 6 * (len(idx.decoded) - len(stale)) < len(stale):
+                    # Nearly every key went (a collection pass can take all but the newest
+                    # WAL objects): decoding what is left costs less than removing what
+                    # went, at about six times the cost per key.
+                    idx = _Index()
+                else:
+                    idx = idx.carried(stale, len(self.prefix), touched)
+                    kvs = [(k, v, m) for k, v, m in kvs if k not in idx.decoded]
             for key, value, mod in kvs:
                 if key != self._deletions_key:
                     idx.apply(key[len(self.prefix):], key, value, mod, touched)
             idx.assemble(touched)
-            if reload:
-                idx.recount_last()
         except BaseException:
             self._index = _Index()  # half-applied: the next call reloads in full
             raise
@@ -1187,29 +1207,41 @@ class KVClusterStore:
         lies below its partition's log start, or is covered by a sealed segment."""
         await self._sync()
         idx = self._index
-        # Per partition, the first offset still read from the WAL (None: the partition is
-        # gone), worked out once a call: a partition's sealed end is a max over its
-        # segments, and a collection pass looks at thousands of ranges of a few partitions.
-        wanted_from: dict[TP, int | None] = {}
-
-        def needed(r: WalRange) -> bool:
-            tp = (r.topic_id, r.partition)
-            if tp not in wanted_from:
-                topic = idx.topics.get(r.topic_id)
-                wanted_from[tp] = (None if topic is None or r.partition >= topic.partitions
-                                   else max(idx.log_start.get(tp, 0), idx.seg_last(tp) + 1))
-            start = wanted_from[tp]
-            return start is not None and r.last_offset >= start
-
-        return [idx.objects[ws] for ws in sorted(idx.objects)
-                if not any(needed(r) for r in idx.objects[ws].ranges)]
+        # Partition by partition: its first offset still read from the WAL is worked out
+        # once (a max over its segments), then its ranges are compared with it; a pass looks
+        # at a minute of WAL objects, tens of thousands of ranges of a few partitions.
+        needed: set[tuple[int, int]] = set()
+        for tp, found in idx.by_tp.items():
+            topic = idx.topics.get(tp[0])
+            if topic is None or tp[1] >= topic.partitions:
+                continue
+            start = max(idx.log_start.get(tp, 0), idx.seg_last(tp) + 1)
+            for ws, (_, ranges) in found.items():
+                for r in ranges:
+                    if r.last_offset >= start:
+                        needed.add(ws)
+                        break
+        return [idx.objects[ws] for ws in sorted(idx.objects) if ws not in needed]
 
     async def delete_wal_objects(self, keys: list[tuple[int, int]]) -> None:
-        """Remove WAL entries, WAL_DELETES_PER_TXN to a transaction: the gateway's WAL
-        commits queue behind each one, so a collection pass of a minute of WAL objects
-        must not be a single long transaction."""
-        await self._batched([DeletePrefix(self._wal_key(gw, seq)) for gw, seq in keys],
-                            [self._deletion_mark()], most=WAL_DELETES_PER_TXN)
+        """Remove the entries of obsolete WAL objects (`obsolete_wal_objects`),
+        WAL_DELETES_PER_TXN to a transaction: the gateway's WAL commits queue behind each
+        one, so a collection pass of a minute of WAL objects must not be a single long
+        transaction. The deletion mark is written once, after the last: each mark makes
+        every reader's index read every key again (tens of milliseconds of a gateway's event
+        loop with a minute of WAL objects), and an obsolete entry is never read, so one
+        that lingers in an index until the pass ends is harmless."""
+        if not keys:
+            return
+        try:
+            await self._batched([DeletePrefix(self._wal_key(gw, seq)) for gw, seq in keys],
+                                most=WAL_DELETES_PER_TXN)
+        except BaseException:
+            # What was deleted should still be seen; the pass's own error is what is raised.
+            with contextlib.suppress(Exception):
+                await self.kv.txn([], [self._deletion_mark()])
+            raise
+        await self.kv.txn([], [self._deletion_mark()])
 
     # --- segments ------------------------------------------------------------------------
 

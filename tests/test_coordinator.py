@@ -22,7 +22,7 @@ from stratalog.coordinator.kv import (
 from stratalog.coordinator.model import (
     CommittedOffset, Fenced, LogState, PartitionState, SegmentEntry, TopicExists,
     UnknownTopic, WalObject, WalRange)
-from stratalog.coordinator.store import KVClusterStore
+from stratalog.coordinator.store import WAL_DELETES_PER_TXN, KVClusterStore
 
 try:
     from tests.etcd_fixture import EtcdServer, etcd_binary, etcd_server, free_port  # noqa: F401
@@ -966,3 +966,43 @@ def test_the_log_index_after_deletions_is_what_a_fresh_read_makes_of_the_same_ke
         await live.close()
 
     run(go())
+
+
+def test_a_collection_pass_makes_each_reader_read_every_key_once_after_its_last_transaction(tmp_path):
+    # Every deletion mark makes a reader's index read every key again; a pass deletes in
+    # many transactions and marks once, after the last. Between them a reader still lists
+    # the obsolete objects but serves none of their ranges.
+    async def go():
+        kv = EmbeddedKV(tmp_path / "coord")
+        store = KVClusterStore(kv, "c")
+        t = await store.create_topic("t", 1, 1, {}, states(1))
+        n = 3 * WAL_DELETES_PER_TXN + 5
+        for i in range(n):
+            await store.commit_wal(WalObject(1, i + 1, f"wal/1/{i + 1}.wal", (rng(t.topic_id, 0, i, i),)),
+                                   {(t.topic_id, 0): 0})
+        await store.commit_segment(t.topic_id, 0, seg(0, n - 1), 0)
+        reader = KVClusterStore(kv, "c")
+        assert len(await reader.wal_objects()) == len(await store.wal_objects()) == n
+        full_reads, listed, served = [], [], []
+        real_snapshot, real_txn = kv.snapshot, kv.txn
+
+        async def snapshot(prefixes, min_mod_revision=0):
+            if min_mod_revision == 0:
+                full_reads.append(min_mod_revision)
+            return await real_snapshot(prefixes, min_mod_revision)
+
+        async def txn(compares, ops):
+            ok = await real_txn(compares, ops)
+            listed.append(len(await reader.wal_objects()))
+            served.extend(await reader.wal_ranges(t.topic_id, 0, 0))
+            return ok
+
+        kv.snapshot, kv.txn = snapshot, txn
+        obsolete = await store.obsolete_wal_objects()
+        assert len(obsolete) == n
+        await store.delete_wal_objects([(o.gateway_id, o.sequence) for o in obsolete])
+        assert listed == [n, n, n, n, 0] and served == []
+        assert await store.wal_objects() == [] and len(full_reads) == 2  # the reader's, the store's
+        await kv.close()
+
+    asyncio.run(go())
