@@ -234,6 +234,9 @@ class ClusterStore(Protocol):
     async def wal_objects(self) -> list[WalObject]:
         """Every committed WAL object."""
 
+    async def oldest_wal_sequence(self, gateway_id: int) -> int | None:
+        """The lowest sequence among one gateway's committed WAL objects (None: it has none)."""
+
     async def catch_up(self) -> None:
         """Read what changed in the log index since it was last read, where that costs no
         round trip (a single-process coordinator); a gateway calls it every maintenance

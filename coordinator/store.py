@@ -313,6 +313,26 @@ def _cut_ranges(ranges: list[WalRange], tp: TP, end_offset: int, obj_key: str,
 
 # --- the log index ----------------------------------------------------------------------
 
+def _without(found: dict[tuple[int, int], tuple[str, list[WalRange]]], dropped: set[tuple[int, int]],
+             most: bool, last: int) -> tuple[dict, bool]:
+    """One partition's WAL entries without the dropped objects (`most`: they are most of
+    the index's), and whether one of those may have held the partition's last offset
+    `last`. After a collection pass nearly every object went, after a truncation a few:
+    what is kept is found by a set difference in the first case and what went by lookups
+    of the dropped in the second, and neither hashes a partition key once per range."""
+    if most:
+        kept = {ws: found[ws] for ws in sorted(found.keys() - dropped)}
+        if len(kept) == len(found):
+            return kept, False
+        # The newest entries come last, and one of them holds the last offset if any does.
+        return kept, not any(r.last_offset >= last for _, ranges in reversed(kept.values()) for r in ranges)
+    gone = [ws for ws in dropped if ws in found]
+    kept = dict(found)
+    for ws in gone:
+        del kept[ws]
+    return kept, any(r.last_offset >= last for ws in gone for r in found[ws][1])
+
+
 @dataclass
 class _Index:
     """What is known of topics and logs as of `revision` (0: nothing loaded yet).
@@ -375,29 +395,16 @@ class _Index:
         """A copy of this index without the `stale` keys (gone, or written again); WAL
         objects that had one go into `touched`, to be assembled again from the keys left
         and the new values (and refused, as a full decode would, if a part is missing).
-        The copy's last offset of a partition is recounted where a dropped key held it (a
-        truncation lowers it). Dicts are copied whole and what is dropped is then removed:
-        a reload after a WAL collection keeps tens of thousands of objects, drops a few
-        dozen, and none of them held a partition's last offset."""
-        dropped = {_wal_entry(key, key[prefix_len:].split("/"))[0] for key in stale
-                   if key[prefix_len:].startswith("wal/")}
+        The copy's last offset of a partition is recounted where a dropped key may have
+        held it (a truncation lowers it)."""
         new = _Index(topics=dict(self.topics), log_start=dict(self.log_start),
                      segments={tp: dict(segs) for tp, segs in self.segments.items()},
                      wal_heads=dict(self.wal_heads),
                      wal_parts={ws: dict(parts) for ws, parts in self.wal_parts.items()},
-                     objects=dict(self.objects),
-                     by_tp={tp: dict(found) for tp, found in self.by_tp.items()},
-                     max_last=dict(self.max_last), decoded=dict(self.decoded))
+                     objects=dict(self.objects), max_last=dict(self.max_last),
+                     decoded=dict(self.decoded))
         lowered: set[TP] = set()
-        for ws in dropped:
-            obj = new.objects.pop(ws, None)
-            if obj is not None:
-                for r in obj.ranges:
-                    tp = (r.topic_id, r.partition)
-                    new.by_tp.get(tp, {}).pop(ws, None)
-                    if r.last_offset >= self.max_last.get(tp, -1):
-                        lowered.add(tp)
-        touched |= dropped
+        dropped: set[tuple[int, int]] = set()
         for key in stale:
             _, item = new.decoded.pop(key)
             parts = key[prefix_len:].split("/")
@@ -414,10 +421,19 @@ class _Index:
                     lowered.add(item[0])
             else:
                 ws, part = _wal_entry(key, parts)
+                dropped.add(ws)
                 if part < 0:
                     new.wal_heads.pop(ws, None)
                 else:
                     new.wal_parts.get(ws, {}).pop(part, None)
+        for ws in dropped:
+            new.objects.pop(ws, None)
+        most = 2 * len(dropped) > len(self.objects)
+        for tp, found in self.by_tp.items():
+            new.by_tp[tp], held_last = _without(found, dropped, most, self.max_last.get(tp, -1))
+            if held_last:
+                lowered.add(tp)
+        touched |= dropped
         new.recount_last(lowered)
         return new
 
@@ -1002,10 +1018,9 @@ class KVClusterStore:
             if reload and idx.revision:
                 found = {k: m for k, _, m in kvs}
                 stale = {k for k, (m, _) in idx.decoded.items() if found.get(k) != m}
-                if 6 * (len(idx.decoded) - len(stale)) < len(stale):
-                    # Nearly every key went (a collection pass can take all but the newest
-                    # WAL objects): decoding what is left costs less than removing what
-                    # went, at about six times the cost per key.
+                if 30 * (len(idx.decoded) - len(stale)) < len(stale):
+                    # Nearly every key went: decoding the few left costs less than removing
+                    # what went (decoding a WAL entry costs about thirty removals).
                     idx = _Index()
                 else:
                     idx = idx.carried(stale, len(self.prefix), touched)
@@ -1144,6 +1159,12 @@ class KVClusterStore:
     async def wal_objects(self) -> list[WalObject]:
         await self._sync()
         return [self._index.objects[ws] for ws in sorted(self._index.objects)]
+
+    async def oldest_wal_sequence(self, gateway_id: int) -> int | None:
+        # The WAL writer asks this every PRUNE_CONFIRMATIONS_S in its flush: a look at the
+        # keys, not a sorted list of every WAL object (tens of milliseconds at a minute's).
+        await self._sync()
+        return min((seq for gw, seq in self._index.objects if gw == gateway_id), default=None)
 
     async def wal_ranges(self, topic_id: uuid.UUID, partition: int, from_offset: int
                          ) -> list[tuple[str, WalRange]]:

@@ -269,11 +269,11 @@ class WalWriter:
         # is surely collected (a newer commit may not have reached the index yet).
         floor, self._prune_floor = self._prune_floor, self.sequence
         try:
-            mine = [o.sequence for o in await self.store.wal_objects() if o.gateway_id == self.gateway_id]
+            oldest = await self.store.oldest_wal_sequence(self.gateway_id)
         except Exception as e:  # noqa: BLE001 - only an optimisation: next time
             log.debug("could not read WAL objects to prune confirmations: %s", e)
             return
-        self.confirmed.prune_below(min(mine, default=floor))
+        self.confirmed.prune_below(floor if oldest is None else oldest)
 
     def settled_below(self) -> int:
         """Every object of this gateway with a lower sequence is either committed or will

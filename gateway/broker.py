@@ -165,6 +165,7 @@ class Broker:
         await self._starting("take leadership", lambda: self.sync_leadership(wait=True))
         await self.markers.start()
         self._tasks.append(asyncio.create_task(self._maintenance(), name="maintenance"))
+        self._tasks.append(asyncio.create_task(self._index_catch_up(), name="log index catch-up"))
         self._tasks.append(asyncio.create_task(self._cluster_loop(), name="cluster"))
         self.started = True
 
@@ -256,10 +257,22 @@ class Broker:
             except Exception:  # noqa: BLE001 - maintenance is retried next tick
                 log.exception("maintenance failed")
 
+    async def _index_catch_up(self) -> None:
+        """Bring the coordinator's log index up to date every tick (`ClusterStore.catch_up`),
+        apart from the maintenance tick: a WAL collection pass there takes seconds, and the
+        WAL commits made meanwhile would otherwise be decoded at once when it ends."""
+        while True:
+            await asyncio.sleep(MAINTENANCE_TICK_S)
+            try:
+                await self.store.catch_up()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - every reader syncs anyway; next tick
+                log.debug("log index catch-up failed, retrying next tick: %s", e)
+
     async def maintain_once(self, force_cleaning: bool = False) -> None:
         """Roll due segments; every log.retention.check.interval.ms also apply retention,
-        collect garbage and refresh group lag; then bring the coordinator's log index up to
-        date (`ClusterStore.catch_up`)."""
+        collect garbage and refresh group lag."""
         self.engine.roll_due()
         interval = self.config["log.retention.check.interval.ms"] / 1000
         if force_cleaning or self.clock() - self._last_cleaning >= interval:
@@ -277,7 +290,6 @@ class Broker:
                 await self.snapshots.maybe_write(self.controller.is_controller)
             except (CoordinatorUnavailable, ObjectStoreError) as e:
                 log.warning("coordinator snapshot not written, retrying next tick: %s", e)
-        await self.store.catch_up()
 
     async def refresh_group_lag(self) -> None:
         lag = {}

@@ -1006,3 +1006,18 @@ def test_a_collection_pass_makes_each_reader_read_every_key_once_after_its_last_
         await kv.close()
 
     asyncio.run(go())
+
+
+def test_a_partitions_wal_entries_without_dropped_objects_say_whether_its_last_offset_went():
+    from stratalog.coordinator.store import _without
+
+    tid = uuid.uuid4()
+    found = {(1, i): (f"wal/{i}", [rng(tid, 0, 10 * i, 10 * i + 9)]) for i in range(10)}
+    last = 99  # held by (1, 9)
+    for dropped, held in (({(1, 9)}, True), ({(1, 0)}, False), ({(1, i) for i in range(2, 10)}, True),
+                          ({(1, i) for i in range(1, 9)}, False), (set(), False), ({(2, 9)}, False)):
+        for most in (False, True):  # either way of finding what is kept
+            kept, said = _without(found, dropped, most, last)
+            assert said == held, (dropped, most)
+            assert kept == {ws: e for ws, e in found.items() if ws not in dropped}
+            assert kept is not found
