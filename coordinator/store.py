@@ -93,6 +93,9 @@ _SPLIT_COMMIT_ATTEMPTS = 8
 # WAL entries removed by one transaction of a collection pass: about 2 ms of the embedded
 # coordinator's writer on the build machine.
 WAL_DELETES_PER_TXN = 64
+# Long passes over the log index (a reload after a collection, the search for obsolete WAL
+# objects) let the event loop run after this many entries: a few milliseconds of work.
+YIELD_EVERY = 2048
 # What decoding a malformed stored value can raise.
 _BAD = (KeyError, TypeError, ValueError, AttributeError)
 
@@ -391,12 +394,15 @@ class _Index:
             return
         self.decoded[key] = (mod, item)
 
-    def carried(self, stale: set[str], prefix_len: int, touched: set) -> _Index:
+    async def carried(self, stale: set[str], prefix_len: int, touched: set) -> _Index:
         """A copy of this index without the `stale` keys (gone, or written again); WAL
         objects that had one go into `touched`, to be assembled again from the keys left
         and the new values (and refused, as a full decode would, if a part is missing).
         The copy's last offset of a partition is recounted where a dropped key may have
-        held it (a truncation lowers it)."""
+        held it (a truncation lowers it). After a collection pass that is tens of
+        thousands of keys: the work lets the event loop run every YIELD_EVERY keys and
+        after each partition, and nothing changes this index meanwhile (the refresh that
+        calls this holds the sync lock; readers keep reading this index until then)."""
         new = _Index(topics=dict(self.topics), log_start=dict(self.log_start),
                      segments={tp: dict(segs) for tp, segs in self.segments.items()},
                      wal_heads=dict(self.wal_heads),
@@ -405,7 +411,9 @@ class _Index:
                      decoded=dict(self.decoded))
         lowered: set[TP] = set()
         dropped: set[tuple[int, int]] = set()
-        for key in stale:
+        for n, key in enumerate(stale):
+            if n % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)
             _, item = new.decoded.pop(key)
             parts = key[prefix_len:].split("/")
             if parts[0] == "topics":
@@ -433,6 +441,7 @@ class _Index:
             new.by_tp[tp], held_last = _without(found, dropped, most, self.max_last.get(tp, -1))
             if held_last:
                 lowered.add(tp)
+            await asyncio.sleep(0)
         touched |= dropped
         new.recount_last(lowered)
         return new
@@ -1023,7 +1032,7 @@ class KVClusterStore:
                     # what went (decoding a WAL entry costs about thirty removals).
                     idx = _Index()
                 else:
-                    idx = idx.carried(stale, len(self.prefix), touched)
+                    idx = await idx.carried(stale, len(self.prefix), touched)
                     kvs = [(k, v, m) for k, v, m in kvs if k not in idx.decoded]
             for key, value, mod in kvs:
                 if key != self._deletions_key:
@@ -1231,18 +1240,24 @@ class KVClusterStore:
         # Partition by partition: its first offset still read from the WAL is worked out
         # once (a max over its segments), then its ranges are compared with it; a pass looks
         # at a minute of WAL objects, tens of thousands of ranges of a few partitions.
+        # The event loop runs every YIELD_EVERY entries: the index may take commits
+        # meanwhile, so each partition's entries are listed first.
         needed: set[tuple[int, int]] = set()
-        for tp, found in idx.by_tp.items():
+        objects = list(idx.objects)
+        for tp, found in list(idx.by_tp.items()):
             topic = idx.topics.get(tp[0])
             if topic is None or tp[1] >= topic.partitions:
                 continue
             start = max(idx.log_start.get(tp, 0), idx.seg_last(tp) + 1)
-            for ws, (_, ranges) in found.items():
-                for r in ranges:
-                    if r.last_offset >= start:
-                        needed.add(ws)
-                        break
-        return [idx.objects[ws] for ws in sorted(idx.objects) if ws not in needed]
+            entries = list(found.items())
+            for at in range(0, len(entries), YIELD_EVERY):
+                for ws, (_, ranges) in entries[at:at + YIELD_EVERY]:
+                    for r in ranges:
+                        if r.last_offset >= start:
+                            needed.add(ws)
+                            break
+                await asyncio.sleep(0)
+        return [o for ws in sorted(objects) if ws not in needed and (o := idx.objects.get(ws)) is not None]
 
     async def delete_wal_objects(self, keys: list[tuple[int, int]]) -> None:
         """Remove the entries of obsolete WAL objects (`obsolete_wal_objects`),
