@@ -434,10 +434,14 @@ class EmbeddedKV:
         self._watches.clear()
         self._executor.shutdown(wait=True)
         self._snapshots.shutdown(wait=True)
-        self._reader.close()
-        self._snapshot_reader.close()
+        self._close_connections()
         self._writer.close()
         os.close(self._lock_fd)  # closing the descriptor releases the flock
+
+    def _close_connections(self) -> None:
+        """The read connections (the writer, where there is one, is closed apart)."""
+        self._reader.close()
+        self._snapshot_reader.close()
 
 
 class EmbeddedReader(EmbeddedKV):
@@ -476,10 +480,6 @@ class EmbeddedReader(EmbeddedKV):
             self._close_connections()
             raise
         self._snapshots = _snapshot_thread()
-
-    def _close_connections(self) -> None:
-        self._reader.close()
-        self._snapshot_reader.close()
 
     async def _write(self, fn):
         raise CoordinatorError(f"the embedded coordinator of {self.data_dir} is open read-only here")

@@ -67,6 +67,17 @@ async def start_step(what: str, step):
             delay = min(delay * 2, 2.0)
 
 
+async def every_tick(seconds: float, step, failed: Callable[[Exception], None]) -> None:
+    """Run `step` every `seconds` until cancelled; a failure goes to `failed` and the step
+    is run again next tick."""
+    while True:
+        await asyncio.sleep(seconds)
+        try:
+            await step()
+        except Exception as e:  # noqa: BLE001 - periodic work is retried next tick
+            failed(e)
+
+
 class Broker:
     def __init__(self, config: BrokerConfig, *, node_id: int, advertised: tuple[str, int],
                  data_dir: Path, store: ClusterStore, objects: ObjectStore,
@@ -164,9 +175,18 @@ class Broker:
         await self._starting("run the controller", self.controller.run_once)
         await self._starting("take leadership", lambda: self.sync_leadership(wait=True))
         await self.markers.start()
-        self._tasks.append(asyncio.create_task(self._maintenance(), name="maintenance"))
-        self._tasks.append(asyncio.create_task(self._index_catch_up(), name="log index catch-up"))
-        self._tasks.append(asyncio.create_task(self._cluster_loop(), name="cluster"))
+        self._tasks.append(asyncio.create_task(every_tick(
+            MAINTENANCE_TICK_S, self.maintain_once,
+            lambda e: log.error("maintenance failed", exc_info=e)), name="maintenance"))
+        # Apart from the maintenance tick: a WAL collection pass there takes seconds, and the
+        # WAL commits made meanwhile would otherwise be decoded at once when it ends.
+        self._tasks.append(asyncio.create_task(every_tick(
+            MAINTENANCE_TICK_S, self.store.catch_up,
+            lambda e: log.debug("log index catch-up failed, retrying next tick: %s", e)),
+            name="log index catch-up"))
+        self._tasks.append(asyncio.create_task(every_tick(
+            CLUSTER_TICK_S, self._cluster_tick, lambda e: log.warning("cluster sync failed: %s", e)),
+            name="cluster"))
         self.started = True
 
     async def _starting(self, what: str, step):
@@ -191,18 +211,12 @@ class Broker:
 
     # ---- keeping in step with the controller -------------------------------------------
 
-    async def _cluster_loop(self) -> None:
-        while True:
-            await asyncio.sleep(CLUSTER_TICK_S)
-            try:
-                await self.membership.refresh()
-                await self.controller.run_once()
-                await self.sync_leadership()
-                await self.tail_replicas()
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 - coordinator outage: retried next tick
-                log.warning("cluster sync failed: %s", e)
+    async def _cluster_tick(self) -> None:
+        """Every CLUSTER_TICK_S: membership, the controller's pass, leadership, replicas."""
+        await self.membership.refresh()
+        await self.controller.run_once()
+        await self.sync_leadership()
+        await self.tail_replicas()
 
     async def _load_topics(self) -> None:
         await self.table.load(self.store)
@@ -246,29 +260,6 @@ class Broker:
         self.membership.lagging = await self.engine.follow(self._assignments(leading=False))
 
     # ---- periodic work -----------------------------------------------------------------
-
-    async def _maintenance(self) -> None:
-        while True:
-            await asyncio.sleep(MAINTENANCE_TICK_S)
-            try:
-                await self.maintain_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - maintenance is retried next tick
-                log.exception("maintenance failed")
-
-    async def _index_catch_up(self) -> None:
-        """Bring the coordinator's log index up to date every tick (`ClusterStore.catch_up`),
-        apart from the maintenance tick: a WAL collection pass there takes seconds, and the
-        WAL commits made meanwhile would otherwise be decoded at once when it ends."""
-        while True:
-            await asyncio.sleep(MAINTENANCE_TICK_S)
-            try:
-                await self.store.catch_up()
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 - every reader syncs anyway; next tick
-                log.debug("log index catch-up failed, retrying next tick: %s", e)
 
     async def maintain_once(self, force_cleaning: bool = False) -> None:
         """Roll due segments; every log.retention.check.interval.ms also apply retention,
