@@ -57,6 +57,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0, help="measured window of each case")
     ap.add_argument("variants", nargs="+", type=variant, help="NAME[=KEY:VALUE[,KEY:VALUE...]]")
     args = ap.parse_args()
+    if args.seconds <= 0:
+        ap.error("--seconds must be positive")
     for r in range(args.rounds):
         order = args.variants if r % 2 == 0 else list(reversed(args.variants))
         for name, settings in order:
