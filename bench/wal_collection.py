@@ -3,9 +3,10 @@
     .venv/bin/python bench/wal_collection.py [--objects 4000] [--segments 200] [--runs 3]
         [--commits-per-s 400] [--catch-up-ms 250]
 
-A gateway collects, every log.retention.check.interval.ms (60 s), the WAL objects that
-sealed segments made obsolete: a minute of flushes, thousands of objects at a few hundred a
-second. In process, on the embedded coordinator and a file store: `--objects` committed WAL
+A gateway collects the WAL objects that sealed segments made obsolete every
+wal.collection.interval.ms: 5 s on the embedded coordinator, the retention check's 60 s on
+etcd, where a minute of flushes is tens of thousands of objects at a few hundred a second.
+In process, on the embedded coordinator and a file store: `--objects` committed WAL
 objects of 8 ranges each (one per partition), every partition with `--segments` sealed
 segments covering them. Then WAL commits run at `--commits-per-s` (a gateway's flush rate),
 one at a time as the WAL writer's do, for 5 s alone (the reference) and then while one

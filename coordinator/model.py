@@ -237,6 +237,11 @@ class ClusterStore(Protocol):
     async def oldest_wal_sequence(self, gateway_id: int) -> int | None:
         """The lowest sequence among one gateway's committed WAL objects (None: it has none)."""
 
+    @property
+    def in_process(self) -> bool:
+        """The coordinator lives in this process (embedded): reading it costs no round trip
+        and no other gateway reads it."""
+
     async def catch_up(self) -> None:
         """Read what changed in the log index since it was last read, where that costs no
         round trip (a single-process coordinator); a gateway calls it every maintenance
@@ -249,6 +254,11 @@ class ClusterStore(Protocol):
 
     async def obsolete_wal_objects(self) -> list[WalObject]:
         """WAL objects whose every range is sealed, deleted or below its log start."""
+
+    async def wal_settled_revision(self) -> int:
+        """A revision that moves whenever a WAL object may have become obsolete since (a
+        segment sealed, a log start moved, a topic created or deleted): while it stays, a
+        search by `obsolete_wal_objects` finds nothing new among the objects it searched."""
 
     async def delete_wal_objects(self, keys: list[tuple[int, int]]) -> None:
         """Forget WAL objects by (gateway id, sequence) once their ranges are obsolete."""

@@ -358,6 +358,9 @@ class _Index:
         field(default_factory=dict)
     max_last: dict[TP, int] = field(default_factory=dict)
     decoded: dict[str, tuple[int, Any]] = field(default_factory=dict)  # key: (mod revision, value)
+    # The last revision that may have made a WAL object obsolete: a topic, log start or
+    # segment written, or a topic deleted (`KVClusterStore.wal_settled_revision`).
+    settled: int = 0
 
     def apply(self, rel: str, key: str, value: bytes, mod: int, touched: set) -> None:
         """Take in one key as of its mod revision; `touched` gathers the WAL objects whose
@@ -365,6 +368,8 @@ class _Index:
         parts = rel.split("/")
         kind = parts[0]
         item: Any
+        if kind in ("topics", "logs", "segments"):
+            self.settled = max(self.settled, mod)
         if kind == "topics" and len(parts) == 2:
             item = _topic(key, value)
             self.topics[item.topic_id] = item
@@ -408,7 +413,7 @@ class _Index:
                      wal_heads=dict(self.wal_heads),
                      wal_parts={ws: dict(parts) for ws, parts in self.wal_parts.items()},
                      objects=dict(self.objects), max_last=dict(self.max_last),
-                     decoded=dict(self.decoded))
+                     decoded=dict(self.decoded), settled=self.settled)
         lowered: set[TP] = set()
         dropped: set[tuple[int, int]] = set()
         for n, key in enumerate(stale):
@@ -1027,6 +1032,8 @@ class KVClusterStore:
             if reload and idx.revision:
                 found = {k: m for k, _, m in kvs}
                 stale = {k for k, (m, _) in idx.decoded.items() if found.get(k) != m}
+                topics = self._k("topics/")
+                dropped_topic = any(k.startswith(topics) and k not in found for k in stale)
                 if 30 * (len(idx.decoded) - len(stale)) < len(stale):
                     # Nearly every key went: decoding the few left costs less than removing
                     # what went (decoding a WAL entry costs about thirty removals).
@@ -1034,6 +1041,8 @@ class KVClusterStore:
                 else:
                     idx = await idx.carried(stale, len(self.prefix), touched)
                     kvs = [(k, v, m) for k, v, m in kvs if k not in idx.decoded]
+                if dropped_topic:
+                    idx.settled = rev
             for key, value, mod in kvs:
                 if key != self._deletions_key:
                     idx.apply(key[len(self.prefix):], key, value, mod, touched)
@@ -1044,11 +1053,19 @@ class KVClusterStore:
         idx.revision = rev
         self._index = idx
 
+    @property
+    def in_process(self) -> bool:
+        return self.kv.local_revision() is not None
+
+    async def wal_settled_revision(self) -> int:
+        await self._sync()
+        return self._index.settled
+
     async def catch_up(self) -> None:
         # Each WAL commit's entry is decoded once the index reads it: at a few hundred
         # flushes a second, a minute of them left to the next collection pass took it
         # seconds of event loop at once.
-        if self.kv.local_revision() is not None:
+        if self.in_process:
             await self._sync()
 
     async def log_state(self, topic_id: uuid.UUID, partition: int) -> LogState:

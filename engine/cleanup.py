@@ -57,6 +57,7 @@ class Cleaner:
         self._swapped_bases: set[str] = set()  # replaced segments waiting out their grace
         self._segment_locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._orphan_candidates: set[str] = set()
+        self._wal_settled_seen: int | None = None  # as of the last obsolete WAL search that ended
         self._tasks: set[asyncio.Task] = set()
 
     async def stop(self) -> None:
@@ -177,6 +178,18 @@ class Cleaner:
     async def collect_wal_garbage(self) -> None:
         """Delete WAL objects whose every range is sealed, deleted or below the log start,
         and this gateway's uploads that were never committed."""
+        await self.collect_obsolete_wal_objects()
+        await self.collect_orphan_wal_objects(self.wal.settled_below())
+
+    async def collect_obsolete_wal_objects(self, when_settled_moved: bool = False) -> None:
+        """Delete WAL objects whose every range is sealed, deleted or below the log start.
+        `when_settled_moved`: only if a segment, log start or topic changed since the last
+        pass that ended (the search walks every WAL object the gateway knows; a frequent
+        pass on an idle log would repeat it for nothing). What that skips (an object kept
+        as its gateway's newest until a later one commits) waits for the next pass."""
+        settled = await self.store.wal_settled_revision()
+        if when_settled_moved and settled == self._wal_settled_seen:
+            return
         obsolete = await self.store.obsolete_wal_objects()
         carriers = proof_carriers(await self.store.wal_objects(), obsolete)
         obsolete = [o for o in obsolete if (o.gateway_id, o.sequence) not in carriers]
@@ -186,7 +199,7 @@ class Cleaner:
             # went first would be referenced by nothing and never collected.
             await self.objects.delete([o.key for o in obsolete])
             await self.store.delete_wal_objects([(o.gateway_id, o.sequence) for o in obsolete])
-        await self.collect_orphan_wal_objects(self.wal.settled_below())
+        self._wal_settled_seen = settled
 
     async def collect_orphan_wal_objects(self, below: int | None = None) -> None:
         """WAL objects of this gateway that were uploaded but never committed are invisible:

@@ -463,6 +463,12 @@ class LogEngine:
         for plog in list(self.logs.values()):
             self.sealer.roll_due(plog)
 
+    async def collect_obsolete_wal_objects(self) -> None:
+        """The WAL part of `clean` that a gateway runs more often: objects whose every range
+        is sealed, deleted or below its log start, looked for when a segment, log start or
+        topic changed since the last look."""
+        await self.cleaner.collect_obsolete_wal_objects(when_settled_moved=True)
+
     async def clean(self) -> None:
         """Retention, WAL and segment garbage collection, idle producer expiry."""
         await self.cleaner.apply_retention()

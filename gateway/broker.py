@@ -27,7 +27,7 @@ from stratalog.tiering.objectstore.base import ObjectStore, ObjectStoreError
 from .auth.acls import Authorizer, parse_super_users
 from .auth.oauth import JwtValidator
 from .cluster import BrokerAddress, Controller, Membership, coordinator_index
-from .config import BrokerConfig
+from .config import EMBEDDED_WAL_COLLECTION_MS, BrokerConfig
 from .groups import GroupCoordinator
 from .groups.assignors import assignor_names
 from .groups.consumer_coordinator import ConsumerGroups
@@ -147,7 +147,7 @@ class Broker:
                           if isinstance(store, KVClusterStore) else None)
         self._tasks: list[asyncio.Task] = []
         self._producer_ids = (0, 0)  # next, end of the reserved block
-        self._last_cleaning = 0.0
+        self._last_cleaning = self._last_wal_collection = 0.0
         # The first look comes one interval after start, not in the middle of it.
         self._last_offset_expiry = clock()
         self.group_lag: dict[tuple[str, str, int], int] = {}
@@ -263,13 +263,17 @@ class Broker:
 
     async def maintain_once(self, force_cleaning: bool = False) -> None:
         """Roll due segments; every log.retention.check.interval.ms also apply retention,
-        collect garbage and refresh group lag."""
+        collect garbage and refresh group lag, and every wal.collection.interval.ms delete
+        the obsolete WAL objects."""
         self.engine.roll_due()
-        interval = self.config["log.retention.check.interval.ms"] / 1000
-        if force_cleaning or self.clock() - self._last_cleaning >= interval:
-            self._last_cleaning = self.clock()
+        now = self.clock()
+        if force_cleaning or now - self._last_cleaning >= self.config["log.retention.check.interval.ms"] / 1000:
+            self._last_cleaning = self._last_wal_collection = now
             await self.engine.clean()
             await self.refresh_group_lag()
+        elif now - self._last_wal_collection >= self.wal_collection_interval_s:
+            self._last_wal_collection = now
+            await self.engine.collect_obsolete_wal_objects()
         if self.clock() - self._last_offset_expiry >= self.config["offsets.retention.check.interval.ms"] / 1000:
             self._last_offset_expiry = self.clock()
             try:
@@ -281,6 +285,14 @@ class Broker:
                 await self.snapshots.maybe_write(self.controller.is_controller)
             except (CoordinatorUnavailable, ObjectStoreError) as e:
                 log.warning("coordinator snapshot not written, retrying next tick: %s", e)
+
+    @property
+    def wal_collection_interval_s(self) -> float:
+        ms = self.config["wal.collection.interval.ms"]
+        if ms < 0:
+            ms = (EMBEDDED_WAL_COLLECTION_MS if self.store.in_process
+                  else self.config["log.retention.check.interval.ms"])
+        return ms / 1000
 
     async def refresh_group_lag(self) -> None:
         lag = {}

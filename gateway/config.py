@@ -116,6 +116,11 @@ def _s(name, default, parse, doc, minimum=None, sensitive=False) -> Setting:
 
 
 MiB = 1024 * 1024
+# wal.collection.interval.ms on the embedded coordinator. A pass's work on the event loop
+# (the obsolete search, the deletions' transactions, the log index read again after them)
+# grows with the WAL objects written since the last; at the 60 s retention check a pass
+# over a minute of group-commit flushes held acks=all produce for a few hundred ms.
+EMBEDDED_WAL_COLLECTION_MS = 5_000
 
 BROKER_SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("broker.id", -1, _int32, "This gateway's node id; -1 picks one (embedded: 1)."),
@@ -140,7 +145,8 @@ BROKER_SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("log.roll.ms", 600_000, _int, "Seal the active segment this long after its first record (topic: segment.ms).", 1),
     _s("log.retention.ms", 604_800_000, _int, "Delete sealed segments older than this; -1 keeps forever (topic: retention.ms).", -1),
     _s("log.retention.bytes", -1, _int, "Delete the oldest segments past this size per partition; -1 no limit (topic: retention.bytes).", -1),
-    _s("log.retention.check.interval.ms", 60_000, _int, "How often retention and WAL garbage collection run.", 1),
+    _s("log.retention.check.interval.ms", 60_000, _int, "How often retention, segment and uncommitted WAL object collection run.", 1),
+    _s("wal.collection.interval.ms", -1, _int, f"How often WAL objects whose data is all sealed, deleted or below the log start are deleted; -1: {EMBEDDED_WAL_COLLECTION_MS} with the embedded coordinator (a pass's work, on the gateway's event loop, grows with the objects since the last), log.retention.check.interval.ms with etcd (a pass that deletes makes every gateway read the log index again).", -1),
     _s("coordinator.snapshot.interval.ms", 300_000, _int, "The controller writes a snapshot of the coordinator (topics, configs, group offsets, ACLs, users, producer ids) to the object store this often, for `stratalog recover --from-bucket`; 0: never.", 0),
     _s("coordinator.snapshot.retain", 3, _int32, "Coordinator snapshots kept in the object store (the oldest past it are deleted).", 1),
     _s("log.index.interval.bytes", 4096, _int32, "Bytes between sparse index entries (topic: index.interval.bytes).", 0),

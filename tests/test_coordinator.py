@@ -417,26 +417,45 @@ def test_wal_ranges_order_filter_and_sealing(backend):
 
 
 def test_obsolete_wal_objects(backend):
+    """Each step that can make a WAL object obsolete moves the settled revision, as the
+    writer and a reader of the same coordinator see it; WAL commits and deletions do not."""
     async def go():
         s = backend.store()
+        reader = backend.store(kv=s.kv)
+        seen: list[tuple[int, int]] = []
+
+        async def settled_moved() -> bool:
+            now = (await s.wal_settled_revision(), await reader.wal_settled_revision())
+            moved = [a != b for a, b in zip(now, seen[-1])] if seen else [True, True]
+            seen.append(now)
+            assert moved[0] == moved[1], seen
+            return moved[0]
+
         try:
+            await settled_moved()  # the first look
             a = await s.create_topic("a", 1, 1, {}, states(1))
             b = await s.create_topic("b", 1, 1, {}, states(1))
+            assert await settled_moved()
             ep = {(a.topic_id, 0): 0, (b.topic_id, 0): 0}
             await s.commit_wal(WalObject(1, 1, "sealed", (rng(a.topic_id, 0, 0, 9),)), ep)
             await s.commit_wal(WalObject(1, 2, "deleted", (rng(b.topic_id, 0, 0, 9),)), ep)
             await s.commit_wal(WalObject(1, 3, "mixed", (rng(a.topic_id, 0, 10, 19),
                                                          rng(b.topic_id, 0, 10, 19))), ep)
             await s.commit_wal(WalObject(1, 4, "live", (rng(a.topic_id, 0, 20, 29),)), ep)
+            assert not await settled_moved()
             assert await s.obsolete_wal_objects() == []
             await s.commit_segment(a.topic_id, 0, seg(0, 9), 0)
+            assert await settled_moved()
             assert [o.key for o in await s.obsolete_wal_objects()] == ["sealed"]
             await s.delete_topic("b")
+            assert await settled_moved()
             assert [o.key for o in await s.obsolete_wal_objects()] == ["sealed", "deleted"]
             await s.set_log_start_offset(a.topic_id, 0, 20)
+            assert await settled_moved()
             obsolete = await s.obsolete_wal_objects()
             assert [o.key for o in obsolete] == ["sealed", "deleted", "mixed"]
             await s.delete_wal_objects([(o.gateway_id, o.sequence) for o in obsolete])
+            assert not await settled_moved()
             assert [o.key for o in await s.wal_objects()] == ["live"]
             assert await s.log_state(a.topic_id, 0) == LogState(20, 30)
         finally:

@@ -283,14 +283,54 @@ def test_segment_ms_seals_the_active_segment(backends):
         assert await h.store.wal_ranges(info.topic_id, 0, 0) == []
         assert plog.active.size == 0 and plog.active.base_offset == 6
 
-        # The WAL object is obsolete now, but only a clean deletes it.
+        # The WAL object is obsolete now, but only a collection pass deletes it.
         for key in wal_keys:
             assert await h.exists(key)
-        await engine.clean()
+        await engine.collect_obsolete_wal_objects()
         for key in wal_keys:
             assert not await h.exists(key)
         assert await h.store.wal_objects() == []
         assert await read_all(engine, "roll", 0) == stored  # served from the sealed segment now
+
+    run(backends, body)
+
+
+def test_the_frequent_wal_collection_searches_only_after_something_settled(backends):
+    """`collect_obsolete_wal_objects` (a gateway's pass every few seconds) walks every WAL
+    object only when a segment, log start or topic changed since its last search: WAL
+    commits alone make nothing obsolete. The retention check's `clean` always searches."""
+
+    async def body(h):
+        await h.create_topic("often", 1, {"segment.ms": "60000"})
+        engine = await h.start_engine()
+        await h.lead(engine)
+        searches = []
+        real = engine.cleaner.store.obsolete_wal_objects
+
+        async def counted():
+            searches.append(h.clock.ms)
+            return await real()
+        engine.cleaner.store.obsolete_wal_objects = counted
+
+        await send(engine, "often", 0, batch(2, ts=h.clock.ms), h.clock.ms)
+        await engine.collect_obsolete_wal_objects()
+        assert len(searches) == 1  # the first pass searches
+        await send(engine, "often", 0, batch(2, ts=h.clock.ms, tag="b"), h.clock.ms)
+        await engine.collect_obsolete_wal_objects()
+        assert len(searches) == 1
+        wal_keys = await h.keys(layout.wal_prefix(1))
+        assert len(wal_keys) == 2
+
+        h.clock.advance(60_000)
+        engine.roll_due()
+        await sealed_segments(h, engine, "often", 0, 1)
+        await engine.collect_obsolete_wal_objects()
+        assert len(searches) == 2
+        assert not any([await h.exists(k) for k in wal_keys])
+        await engine.collect_obsolete_wal_objects()  # its own deletions settle nothing
+        assert len(searches) == 2
+        await engine.clean()
+        assert len(searches) == 3
 
     run(backends, body)
 
@@ -577,6 +617,8 @@ def test_uncommitted_wal_objects_are_collected_but_never_in_flight_ones(backends
         # An upload of ours with a lower sequence that never got committed (a fenced flush
         # whose delete failed, say) is garbage.
         await h.objects.put(layout.wal_key(1, 5), b"fenced, not deleted")
+        await engine.collect_obsolete_wal_objects()  # the frequent pass lists nothing
+        assert await h.exists(layout.wal_key(1, 5))
         await engine.clean()
         await engine.clean()
         assert await h.exists(layout.wal_key(1, 8))
