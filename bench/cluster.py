@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (BUCKET, BenchError, Etcd, Gateway, Proc, S3Endpoint, Tansu,  # noqa: E402
                     machine_busy, tansu_binary)
-from produce_fetch import ack_latency  # noqa: E402
+from produce_fetch import CONSUME_WAIT_S, ack_latency  # noqa: E402
 
 RECORD = 1024
 MiB = 1024 * 1024
@@ -101,15 +101,16 @@ def consume_worker(index: int, bootstrap: str, topic: str, ends: dict[int, int],
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{index}", "enable.auto.commit": False,
                   "fetch.max.bytes": 50 * MiB, "max.partition.fetch.bytes": CHUNK,
                   "queued.max.messages.kbytes": 262144})
-    c.assign([TopicPartition(topic, p, 0) for p in ends])
+    c.list_topics(topic, timeout=30)  # connected before the clock starts
     remaining = {p: end for p, end in ends.items() if end > 0}
     barrier.wait(120)
+    c.assign([TopicPartition(topic, p, 0) for p in ends])  # fetching starts here, not before the clock
     start = time.monotonic()
     cpu0 = time.process_time()
     deadline = start + deadline_s
     got = nbytes = errors = 0
     while remaining and time.monotonic() < deadline:
-        for m in c.consume(10000, 0.5):
+        for m in c.consume(10000, CONSUME_WAIT_S):
             if m.error():
                 errors += 1
                 continue

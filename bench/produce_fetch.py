@@ -3,10 +3,11 @@ sealed-segment fetch throughput, side by side with the Tansu broker (PyPI `calfk
 and with a responder that stores nothing (bench/discard.py: what the clients alone reach),
 same clients, same run, brokers alternating.
 
-    .venv/bin/python bench/produce_fetch.py [--mib 256] [--partitions 8] [--clients 2] [--runs 3]
+    .venv/bin/python bench/produce_fetch.py [--mib 256] [--partitions 8] [--clients 2] [--consumers 2] [--runs 3]
 
-Throughput is driven by `--clients` producer processes (one by default). Prints figures;
-never passes or fails on time.
+Throughput is driven by `--clients` producer processes and `--consumers` consumer
+processes (one each by default; each consumer reads its share of the partitions). Prints
+figures; never passes or fails on time.
 """
 
 from __future__ import annotations
@@ -255,25 +256,53 @@ def latency_case(bootstrap: str, pid: int, http: int | None, offered_mbps: float
     return p50, p99, delivered, view.summary() if view is not None else None
 
 
-def fetch_throughput(bootstrap: str, topic: str, partitions: int, expected: int,
-                     conf: dict | None = None) -> tuple[float, float]:
+# How long a consumer's consume() call may wait: it waits that whole time whenever fewer
+# records than it asked for are left, so the last call of a read costs all of it (at 1 s,
+# most of a 64 MiB read).
+CONSUME_WAIT_S = 0.05
+
+
+def _fetch_span(job) -> tuple[float, float, int]:
+    """One consumer reading every `consumers`-th partition of `topic` (from `index`) from
+    offset 0 to the end it had when the consumer started: (start, end, value bytes), in
+    wall-clock seconds from time.time() == start_at, or (0, seconds taken) when started at once."""
+    bootstrap, topic, partitions, conf, start_at, index, consumers = job
     c = Consumer({"bootstrap.servers": bootstrap, **(conf or {}), "group.id": f"bench-{topic}",
                   "enable.auto.commit": False,
                   "fetch.max.bytes": 52428800, "max.partition.fetch.bytes": 4194304,
                   "queued.max.messages.kbytes": 262144})
-    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    got = 0
-    nbytes = 0
+    mine = [TopicPartition(topic, p, 0) for p in range(index, partitions, consumers)]
+    expected = sum(c.get_watermark_offsets(tp, timeout=30)[1] for tp in mine)  # connects
+    if start_at is not None:
+        time.sleep(max(0.0, start_at - time.time()))
+    c.assign(mine)  # the client starts fetching here, so not before the clock starts
+    got = nbytes = 0
     start = time.perf_counter()
     deadline = start + 300
     while got < expected and time.perf_counter() < deadline:
-        for m in c.consume(10000, 1.0):
+        for m in c.consume(10000, CONSUME_WAIT_S):
             if not m.error():
                 got += 1
                 nbytes += len(m.value())
     secs = time.perf_counter() - start
     c.close()
-    return nbytes / secs / 1024 / 1024, got / secs
+    return ((start_at, time.time()) if start_at is not None else (0.0, secs)) + (nbytes,)
+
+
+def fetch_throughput(bootstrap: str, topic: str, partitions: int, conf: dict | None = None,
+                     consumers: int = 1) -> float:
+    """MiB/s of `consumers` consumer processes (in this process when one) reading the whole
+    topic together, each its share of the partitions."""
+    if consumers > 1:
+        start_at = time.time() + 5  # every process connected and assigned before the clock starts
+        ctx = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(consumers, mp_context=ctx) as pool:
+            spans = list(pool.map(_fetch_span, [(bootstrap, topic, partitions, conf, start_at, i, consumers)
+                                                for i in range(consumers)]))
+        secs = max(end for _, end, _ in spans) - start_at
+        return sum(n for _, _, n in spans) / secs / 1024 / 1024
+    _, secs, nbytes = _fetch_span((bootstrap, topic, partitions, conf, None, 0, 1))
+    return nbytes / secs / 1024 / 1024
 
 
 def create(bootstrap: str, topic: str, partitions: int) -> None:
@@ -316,8 +345,7 @@ def run_one(name: str, proc: subprocess.Popen, port: int, args, data_dir: Path |
     if data_dir is not None:
         size = wait_sealed(data_dir, "bench")
         sealed = f"{size / 1024 / 1024:.0f} MiB sealed" if size >= 0 else "not all sealed"
-    n = args.mib * 1024 * 1024 // RECORD
-    row["fetch MB/s"] = fetch_throughput(bootstrap, "bench", args.partitions, n)[0]
+    row["fetch MB/s"] = fetch_throughput(bootstrap, "bench", args.partitions, consumers=args.consumers)
     sampler.stop.set()
     row["peak RSS MB"] = sampler.peak_kb / 1024
     row["note"] = sealed
@@ -353,6 +381,7 @@ def main() -> None:
     ap.add_argument("--mib", type=int, default=256, help="MiB to produce (1 KiB records)")
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--clients", type=int, default=1, help="producer processes for the throughput runs")
+    ap.add_argument("--consumers", type=int, default=1, help="consumer processes for the fetch run")
     ap.add_argument("--runs", type=int, default=1, help="rounds of every broker, alternating")
     args = ap.parse_args()
     if tansu_binary() is None:
@@ -364,7 +393,8 @@ def main() -> None:
             rows.append(run_other("tansu (memory)", start_tansu(), args) | {"run": run})
         rows.append(run_other("discard (ceiling)", start_discard(), args) | {"run": run})
     print(f"\n{args.mib} MiB of {RECORD}-byte records, {args.partitions} partitions, confluent-kafka "
-          f"acks=all; throughput with linger.ms=5 batch.size=1MiB from {args.clients} producer process(es); "
+          f"acks=all; throughput with linger.ms=5 batch.size=1MiB from {args.clients} producer process(es), "
+          f"fetch from {args.consumers} consumer process(es); "
           "latency with linger.ms=1 at an offered rate, after a 2 s warm-up\n")
     keys = [k for k in rows[0] if k not in ("broker", "run", "gateway")]
     width = max(len(k) for k in keys)

@@ -1,7 +1,7 @@
 """What TLS and SASL cost: produce and fetch throughput over PLAINTEXT, SSL and SASL_SSL
 (SCRAM-SHA-512) listeners of one gateway, same client, same data, in one run.
 
-    .venv/bin/python bench/security.py [--mib 64] [--runs 3]
+    .venv/bin/python bench/security.py [--mib 512] [--runs 3] [--clients 2] [--consumers 2]
 
 The listeners are measured in turn, the order rotating from run to run; each figure is
 also shown as a fraction of PLAINTEXT's in the same run. Prints figures; never passes or
@@ -59,8 +59,11 @@ def start_gateway(work: Path) -> tuple[subprocess.Popen, dict[str, dict]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mib", type=int, default=64, help="MiB produced per listener and run (1 KiB records)")
+    ap.add_argument("--mib", type=int, default=512, help="MiB produced per listener and run (1 KiB records)")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--clients", type=int, default=2, help="producer processes")
+    ap.add_argument("--consumers", type=int, default=2, help="consumer processes (one decrypts more slowly "
+                    "than the gateway encrypts)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="stratalog-bench-security-"))
     proc, confs = start_gateway(work)
@@ -75,9 +78,9 @@ def main() -> None:
                 admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
                 conf = confs[name]
                 produced = produce_throughput(conf["bootstrap.servers"], topic, args.mib, PARTITIONS,
-                                              idempotent=False, conf=conf)[0]
-                fetched = fetch_throughput(conf["bootstrap.servers"], topic, PARTITIONS,
-                                           args.mib * 1024 * 1024 // RECORD, conf=conf)[0]
+                                              idempotent=False, conf=conf, clients=args.clients)[0]
+                fetched = fetch_throughput(conf["bootstrap.servers"], topic, PARTITIONS, conf=conf,
+                                           consumers=args.consumers)
                 figures[name] = (produced, fetched)
             rows.append(figures)
     finally:
@@ -85,7 +88,8 @@ def main() -> None:
         proc.wait(30)
         shutil.rmtree(work, ignore_errors=True)
     print(f"\n{args.mib} MiB of {RECORD}-byte records per listener and run, {PARTITIONS} partitions, "
-          "confluent-kafka, acks=all, linger.ms=5; MiB/s (fraction of PLAINTEXT in the same run)\n")
+          f"confluent-kafka ({args.clients} producer and {args.consumers} consumer processes), acks=all, "
+          "linger.ms=5; MiB/s (fraction of PLAINTEXT in the same run)\n")
     print(f"{'run':>3} | " + " | ".join(f"{n + ' produce':>24} | {n + ' fetch':>24}" for n in LISTENERS))
     for i, figures in enumerate(rows, 1):
         base_p, base_f = figures["PLAINTEXT"]

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from produce_fetch import free_port, wait_port  # noqa: E402
+from produce_fetch import CONSUME_WAIT_S, free_port, wait_port  # noqa: E402
 
 MiB = 1024 * 1024
 
@@ -120,7 +120,7 @@ def kafka_scan(bootstrap: str, topic: str, ends: dict[int, int]) -> tuple[float,
     c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in todo])
     try:
         while todo:
-            for msg in c.consume(10_000, 1.0):
+            for msg in c.consume(10_000, CONSUME_WAIT_S):
                 if msg.error():
                     raise SystemExit(f"consumer error: {msg.error()}")
                 records += 1

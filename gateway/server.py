@@ -343,12 +343,12 @@ class GatewayServer:
                     item = responses.get_nowait()
         finally:
             if out and not writer.is_closing():
-                writer.writelines(out)  # what was answered before the end still goes out
+                _write(out, writer)  # what was answered before the end still goes out
 
     @staticmethod
     async def _send(out: list, writer: asyncio.StreamWriter) -> None:
         if out:
-            writer.writelines(out)
+            _write(out, writer)
             out.clear()
             await writer.drain()
 
@@ -420,6 +420,35 @@ class LoopTime:
             except BaseException as e:  # noqa: BLE001 - cancellation and errors go to the coroutine
                 error = e
 COALESCE_BYTES = 1024 * 1024  # answers gathered into one write at most (a Fetch may be larger alone)
+# uvloop's TLS transport encrypts all it is handed into one growing memory buffer before
+# sending any of it; handed a multi-megabyte Fetch at once, it spends as long growing,
+# copying and clearing that buffer as encrypting. Answers go to it in pieces of this size.
+TLS_WRITE_BYTES = 256 * 1024
+
+
+def _write(out: list, writer: asyncio.StreamWriter) -> None:
+    if writer.get_extra_info("ssl_object") is None:
+        writer.writelines(out)
+    else:
+        for piece in tls_pieces(out, TLS_WRITE_BYTES):
+            writer.writelines(piece)
+
+
+def tls_pieces(parts: list, limit: int):
+    """`parts` as lists of at most `limit` bytes each (a larger part is cut into views)."""
+    piece: list = []
+    size = 0
+    for part in parts:
+        n = len(part)
+        chunks = [part] if n <= limit else [memoryview(part)[i:i + limit] for i in range(0, n, limit)]
+        for chunk in chunks:
+            if piece and size + len(chunk) > limit:
+                yield piece
+                piece, size = [], 0
+            piece.append(chunk)
+            size += len(chunk)
+    if piece:
+        yield piece
 
 
 def _must_wait(item) -> bool:

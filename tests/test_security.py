@@ -132,16 +132,18 @@ VALUES = [f"secret-record-{i}".encode() for i in range(5)]
 
 # --- each client over SASL_SSL and SSL ---------------------------------------------------
 
-def _confluent_round_trip(conf: dict, topic: str) -> list[bytes]:
-    p = Producer({**conf, "acks": "all"})
+def _confluent_round_trip(conf: dict, topic: str, values: list[bytes] = VALUES, producing: dict | None = None,
+                          consuming: dict | None = None) -> list[bytes]:
+    """Produce `values` with acks=all, then what a consumer reads back (in order)."""
+    p = Producer({**conf, "acks": "all", **(producing or {})})
     errors = []
-    for v in VALUES:
+    for v in values:
         p.produce(topic, value=v, on_delivery=lambda e, m: e and errors.append(e))
     assert p.flush(20) == 0 and not errors, errors
-    c = Consumer({**conf, "group.id": uuid.uuid4().hex, "auto.offset.reset": "earliest"})
+    c = Consumer({**conf, "group.id": uuid.uuid4().hex, "auto.offset.reset": "earliest", **(consuming or {})})
     c.subscribe([topic])
     got, deadline = [], time.monotonic() + 20
-    while len(got) < len(VALUES) and time.monotonic() < deadline:
+    while len(got) < len(values) and time.monotonic() < deadline:
         m = c.poll(0.5)
         if m is not None and not m.error():
             got.append(m.value())
@@ -163,6 +165,14 @@ def test_confluent_kafka_over_sasl_plaintext(secure):
 def test_confluent_kafka_over_ssl_with_a_client_certificate(secure):
     topic = new_topic(secure)
     assert _confluent_round_trip(secure.librdkafka("SSL"), topic) == VALUES
+
+
+def test_a_fetch_of_megabytes_over_ssl_arrives_whole_and_in_order(secure):
+    # The gateway encrypts an answer in pieces of TLS_WRITE_BYTES: this answer is many of them.
+    values = [os.urandom(200_000) for _ in range(20)]
+    got = _confluent_round_trip(secure.librdkafka("SSL"), new_topic(secure), values, {"linger.ms": 50},
+                                {"fetch.wait.max.ms": 1000, "fetch.min.bytes": 4_000_000})
+    assert got == values
 
 
 def _kafka_python_conf(gw: SecureGateway, protocol: str, mechanism: str | None) -> dict:
