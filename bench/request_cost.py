@@ -23,7 +23,6 @@ import os
 import shutil
 import signal
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common import cpu_seconds
+from profile_steps import Steps, breakdown, py_spy
 from stratalog.coordinator.embedded import EmbeddedKV
 from stratalog.coordinator.model import PartitionState
 from stratalog.coordinator.store import KVClusterStore
@@ -230,10 +230,8 @@ async def flood(port: int, rate: float, seconds: float, connections: int, record
     return result
 
 
-# A produced request's steps in the gateway, each named by the functions whose samples it
-# takes; a sample goes to the step of its innermost frame that names one (so the handler's
-# own lines count as glue, the append it calls as the append's parts).
-STEPS = (
+# A produced request's steps in the gateway (how samples are given to them: profile_steps).
+STEPS: Steps = (
     ("read the frame (socket to bytes)", ("StreamReader.readexactly", "StreamReader.feed_data",
                                           "StreamReaderProtocol.data_received", "RequestMemory.acquire")),
     ("decode the request", ("decode_request", "decode_struct_", "Schema.decode")),
@@ -256,43 +254,6 @@ STEPS = (
     ("handler and server glue", ("produce", "_produce_partition", "LogEngine.append", "GatewayServer.",
                                  "RequestContext", "Queue.")),
 )
-
-
-def breakdown(profile: Path) -> tuple[list[tuple[str, float]], float]:
-    """The event loop's (main thread's) samples by step, as fractions of them (the rest is
-    the loop itself: its socket calls, scheduling, garbage collection), and the other
-    threads' samples (WAL file writes and fsyncs, coordinator commits) as a fraction of the
-    main thread's."""
-    main = other = 0
-    counts = dict.fromkeys([step for step, _ in STEPS] + ["the event loop itself (uvloop, GC)"], 0)
-    for line in profile.read_text().splitlines():
-        stack, _, n = line.rpartition(" ")
-        frames = stack.split(";")
-        if "MainThread" not in frames[0]:
-            other += int(n)
-            continue
-        main += int(n)
-        counts[_step(frames[1:])] += int(n)
-    return [(step, count / max(main, 1)) for step, count in counts.items()], other / max(main, 1)
-
-
-def _step(frames: list[str]) -> str:
-    for frame in reversed(frames):
-        function = frame.split(" (", 1)[0]
-        for step, names in STEPS:
-            if any(function == n or (n.endswith(("_", ".")) and function.startswith(n)) for n in names):
-                return step
-    return "the event loop itself (uvloop, GC)"
-
-
-def py_spy(pid: int, output: Path) -> subprocess.Popen:
-    """py-spy sampling a process into `output` (collapsed stacks) until it gets SIGINT."""
-    spy = subprocess.Popen([shutil.which("py-spy", path=Path(sys.executable).parent) or "py-spy", "record",
-                            "--format", "raw", "--rate", "250", "--nonblocking", "--threads",
-                            "--pid", str(pid), "--output", str(output)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(1)  # attached
-    return spy
 
 
 def over_socket(n: int, records: int, rate: float, seconds: float, connections: int,
@@ -359,7 +320,7 @@ def main() -> None:
           f"p99 {flooded.percentile_ms(0.99):.1f} ms, max {flooded.percentile_ms(1):.1f} ms; server CPU "
           f"{flooded.server_cpu / max(flooded.requests, 1) * 1e6:.0f} µs per request")
     if args.profile is not None:
-        steps, others = breakdown(args.profile)
+        steps, others = breakdown(args.profile, STEPS)
         loop_us = flooded.loop_cpu / max(flooded.requests, 1) * 1e6
         print(f"\nWhere the event loop's {loop_us:.0f} µs per request went (py-spy samples of the main thread):")
         for step, share in steps:
