@@ -171,17 +171,24 @@ def start_discard() -> tuple[subprocess.Popen, int]:
     return proc, port
 
 
+def together(span, jobs) -> tuple[list, float]:
+    """`span` run on each of `jobs(start_at)` in a process of its own, every process
+    connected and ready before the clock starts at time.time() == start_at; the spans (each
+    (start, end, ...) in wall-clock seconds) and the seconds from start_at to the last end."""
+    start_at = time.time() + 5
+    work = jobs(start_at)
+    with concurrent.futures.ProcessPoolExecutor(len(work), mp_context=multiprocessing.get_context("spawn")) as pool:
+        spans = list(pool.map(span, work))
+    return spans, max(s[1] for s in spans) - start_at
+
+
 def produce_throughput(bootstrap: str, topic: str, mib: int, partitions: int, *,
                        idempotent: bool, conf: dict | None = None, clients: int = 1) -> tuple[float, float]:
     """(MiB/s, records/s) of `clients` producer processes together (in this process when
     one); `conf` adds client settings (security, for example)."""
     if clients > 1:
-        start_at = time.time() + 5  # every process connected and ready before the clock starts
-        ctx = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(clients, mp_context=ctx) as pool:
-            spans = list(pool.map(_produce_span, [(bootstrap, topic, mib / clients, partitions, idempotent,
-                                                   conf, start_at, i) for i in range(clients)]))
-        secs = max(end for _, end in spans) - start_at
+        _, secs = together(_produce_span, lambda start_at: [
+            (bootstrap, topic, mib / clients, partitions, idempotent, conf, start_at, i) for i in range(clients)])
         return mib / secs, mib * 1024 * 1024 / RECORD / secs
     _, end = _produce_span((bootstrap, topic, mib, partitions, idempotent, conf, None, 0))
     return mib / end, mib * 1024 * 1024 / RECORD / end
@@ -318,12 +325,8 @@ def fetch_throughput(bootstrap: str, topic: str, partitions: int, conf: dict | N
     """MiB/s of `consumers` consumer processes (in this process when one) reading the whole
     topic together, each its share of the partitions."""
     if consumers > 1:
-        start_at = time.time() + 5  # every process connected and assigned before the clock starts
-        ctx = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(consumers, mp_context=ctx) as pool:
-            spans = list(pool.map(_fetch_span, [(bootstrap, topic, partitions, conf, start_at, i, consumers)
-                                                for i in range(consumers)]))
-        secs = max(end for _, end, _ in spans) - start_at
+        spans, secs = together(_fetch_span, lambda start_at: [
+            (bootstrap, topic, partitions, conf, start_at, i, consumers) for i in range(consumers)])
         return sum(n for _, _, n in spans) / secs / 1024 / 1024
     _, secs, nbytes = _fetch_span((bootstrap, topic, partitions, conf, None, 0, 1))
     return nbytes / secs / 1024 / 1024
@@ -417,6 +420,17 @@ def run_other(name: str, started: tuple[subprocess.Popen, int], args) -> dict:
         proc.wait(30)
 
 
+def positive(text: str) -> int:
+    """A count of processes given on the command line: a whole number of at least 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of at least 1")
+    return n
+
+
 THROUGHPUTS = ("produce MB/s", "idempotent produce MB/s", "fetch MB/s")
 
 
@@ -424,8 +438,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=256, help="MiB to produce (1 KiB records)")
     ap.add_argument("--partitions", type=int, default=8)
-    ap.add_argument("--clients", type=int, default=1, help="producer processes for the throughput runs")
-    ap.add_argument("--consumers", type=int, default=1, help="consumer processes for the fetch run")
+    ap.add_argument("--clients", type=positive, default=1, help="producer processes for the throughput runs")
+    ap.add_argument("--consumers", type=positive, default=1, help="consumer processes for the fetch run")
     ap.add_argument("--runs", type=int, default=1, help="rounds of every broker, alternating")
     ap.add_argument("--profile", type=Path, help="py-spy's collapsed stacks of the gateway during each fetch run "
                     "(the file holds the last run's), split by step")

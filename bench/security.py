@@ -22,7 +22,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from stratalog.infra import devcerts
 from stratalog.infra.processes import free_port
 
-from produce_fetch import RECORD, fetch_throughput, produce_throughput, wait_port
+from produce_fetch import RECORD, fetch_throughput, positive, produce_throughput, wait_port
 
 PARTITIONS = 8
 USER, PASSWORD = "bench", "bench-password-1"
@@ -61,8 +61,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=512, help="MiB produced per listener and run (1 KiB records)")
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--clients", type=int, default=2, help="producer processes")
-    ap.add_argument("--consumers", type=int, default=2, help="consumer processes (one decrypts more slowly "
+    ap.add_argument("--clients", type=positive, default=2, help="producer processes")
+    ap.add_argument("--consumers", type=positive, default=2, help="consumer processes (one decrypts more slowly "
                     "than the gateway encrypts)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="stratalog-bench-security-"))
