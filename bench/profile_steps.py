@@ -16,9 +16,19 @@ Steps = tuple[tuple[str, tuple[str, ...]], ...]
 THE_LOOP = "the event loop itself (uvloop, GC)"
 
 
+NO_PY_SPY = "py-spy is not installed: pip install -e '.[bench]' adds it"
+
+
+def py_spy_binary() -> str | None:
+    return shutil.which("py-spy", path=Path(sys.executable).parent) or shutil.which("py-spy")
+
+
 def py_spy(pid: int, output: Path) -> subprocess.Popen:
     """py-spy sampling a process into `output` (collapsed stacks) until it gets SIGINT."""
-    spy = subprocess.Popen([shutil.which("py-spy", path=Path(sys.executable).parent) or "py-spy", "record",
+    binary = py_spy_binary()
+    if binary is None:
+        raise SystemExit(NO_PY_SPY)
+    spy = subprocess.Popen([binary, "record",
                             "--format", "raw", "--rate", "250", "--nonblocking", "--threads",
                             "--pid", str(pid), "--output", str(output)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common import cpu_seconds
-from profile_steps import Steps, breakdown, py_spy
+from profile_steps import NO_PY_SPY, Steps, breakdown, py_spy, py_spy_binary
 from stratalog.coordinator.embedded import EmbeddedKV
 from stratalog.coordinator.model import PartitionState
 from stratalog.coordinator.store import KVClusterStore
@@ -302,6 +302,8 @@ def main() -> None:
     ap.add_argument("--profile", type=Path, help="py-spy's collapsed stacks of the gateway during the flood")
     ap.add_argument("--timeline", action="store_true", help="the flood's p99 and max for each second")
     args = ap.parse_args()
+    if args.profile is not None and py_spy_binary() is None:
+        ap.error(NO_PY_SPY)
     rows = asyncio.run(in_process(args.requests, args.records))
     cpu_us, rate, flooded = over_socket(args.requests, args.records, args.rate, args.seconds,
                                         args.connections, args.profile)
