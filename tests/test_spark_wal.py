@@ -93,16 +93,30 @@ def _wait_segments(cluster: Cluster, topic: str, timeout_s: float = 30) -> None:
         time.sleep(0.2)
 
 
+def _stop_rolling(cluster: Cluster, topic: str) -> None:
+    """Raise the topic's segment.bytes: a segment rolls after the append that fills it, so
+    without this a tail produced next could be sealed whole, nothing left in WAL objects."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    admin = AdminClient({"bootstrap.servers": cluster.gw.bootstrap})
+    change = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
+        ConfigEntry("segment.bytes", str(1 << 20), incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([change], request_timeout=15)[change].result(15)
+
+
 def test_batch_read_reaches_the_high_watermark_past_sealed_segments(spark, fmt, cluster):
     topic = _topic(cluster)
     produce(cluster.gw.bootstrap, topic, _records(240), batch_size=1024)
     _wait_segments(cluster, topic)
+    _stop_rolling(cluster, topic)
     produce(cluster.gw.bootstrap, topic, _records(20, 240), batch_size=1024)
     truth = consume_all(cluster.gw.bootstrap, topic, PARTITIONS)
     hw = high_watermarks(cluster.gw.bootstrap, topic, PARTITIONS)
     snap = cluster.snapshot(topic).partitions
     for p in range(PARTITIONS):  # some records sealed, the newest only in WAL objects
-        assert snap[p].segments and snap[p].wal and snap[p].high_watermark == hw[p]
+        part = snap[p]
+        assert part.segments and part.wal and part.high_watermark == hw[p], \
+            (p, part.sealed_end, [(w.base_offset, w.last_offset) for w in part.wal], part.high_watermark, hw[p])
 
     rows = rows_of(cluster.reader(spark, topic, fmt=fmt).load(cluster.spec.url))
     assert rows == truth
