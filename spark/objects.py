@@ -21,7 +21,7 @@ from urllib.parse import unquote, urlsplit
 
 from stratalog.tiering.objectstore.base import (ObjectInfo, ObjectNotFound, ObjectStoreError, check_key,
                                                 crc32c_checksum_of)
-from stratalog.tiering.objectstore.file import TMP_PREFIX
+from stratalog.tiering.objectstore.file import TMP_PREFIX, list_files
 
 TRACE_ENV = "STRATALOG_READ_TRACE"
 
@@ -138,24 +138,7 @@ class FileStore:
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         """Objects whose key starts with `prefix`, sorted by key."""
-        directory = prefix.rpartition("/")[0]
-        base = self.root.joinpath(*check_key(directory).split("/")) if directory else self.root
-        found = []
-        for dirpath, dirnames, filenames in os.walk(base):
-            rel = os.path.relpath(dirpath, self.root)
-            rel = "" if rel == "." else rel.replace(os.sep, "/") + "/"
-            dirnames[:] = [d for d in dirnames if not d.startswith(TMP_PREFIX)
-                           and ((rel + d + "/").startswith(prefix) or prefix.startswith(rel + d + "/"))]
-            for name in filenames:
-                key = rel + name
-                if name.startswith(TMP_PREFIX) or not key.startswith(prefix):
-                    continue
-                try:
-                    found.append(ObjectInfo(key, os.stat(os.path.join(dirpath, name)).st_size))
-                except FileNotFoundError:  # deleted while we listed
-                    continue
-        found.sort(key=lambda info: info.key)
-        return found
+        return list_files(self.root, prefix)
 
     def put_file(self, key: str, source: Path) -> None:
         """Copy a local file in as an object, atomically (temp file, fsync, rename)."""
