@@ -1,7 +1,9 @@
 """What transactions cost: produce throughput of one transactional producer (transactions of
 100 and of 10,000 records) beside an idempotent producer, and the commit latency
 (commit_transaction, from the call to its return) p50/p99, against one `stratalog serve`
-on the embedded store, same client, same data, in one run.
+on the embedded store, same client, same data, in one run; and for each transactional mode
+where a transaction's own round trips go, as the gateway timed them (its mean
+AddPartitionsToTxn and EndTxn, from /metrics).
 
     .venv/bin/python bench/transactions.py [--mib 32] [--runs 3]
 
@@ -26,20 +28,37 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from stratalog.infra.processes import free_port
 
+from common import prometheus
 from produce_fetch import RECORD, wait_port
 
 PARTITIONS = 8
 MODES = ("idempotent", "txn-100", "txn-10000")
+# The requests a transaction adds to producing, as the gateway's /metrics names them.
+TXN_APIS = ("AddPartitionsToTxn", "EndTxn")
 
 
-def start_gateway(work: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
+def start_gateway(work: Path) -> tuple[subprocess.Popen, str, str]:
+    """The gateway, its bootstrap address and its /metrics URL."""
+    port, http = free_port(), free_port()
     cmd = [sys.executable, "-m", "stratalog.infra.cli", "serve", "--data-dir", str(work / "data"),
-           "--listen", f"127.0.0.1:{port}", "--http", "off", "--set", "log.segment.bytes=16777216"]
+           "--listen", f"127.0.0.1:{port}", "--http", f"127.0.0.1:{http}",
+           "--set", "log.segment.bytes=16777216"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(work / "gateway.log", "w"))
     proc.stdout.readline()
     wait_port(port)
-    return proc, f"127.0.0.1:{port}"
+    return proc, f"127.0.0.1:{port}", f"http://127.0.0.1:{http}/metrics"
+
+
+def api_seconds(metrics_url: str) -> dict[str, tuple[float, float]]:
+    """(requests answered, seconds spent answering them) of each of TXN_APIS so far."""
+    samples = prometheus(metrics_url)
+    return {api: (samples.get(f'stratalog_request_seconds_count{{api="{api}"}}', 0.0),
+                  samples.get(f'stratalog_request_seconds_sum{{api="{api}"}}', 0.0)) for api in TXN_APIS}
+
+
+def mean_ms(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]], api: str) -> float:
+    count, seconds = (a - b for a, b in zip(after[api], before[api]))
+    return seconds / count * 1000 if count else float("nan")
 
 
 def produce(bootstrap: str, topic: str, mib: int, txn_size: int | None) -> tuple[float, list[float]]:
@@ -96,19 +115,22 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="stratalog-bench-txn-"))
-    proc, bootstrap = start_gateway(work)
-    rows = []
+    proc, bootstrap, metrics_url = start_gateway(work)
+    rows, gateway = [], []
     try:
         admin = AdminClient({"bootstrap.servers": bootstrap})
         for run in range(args.runs):
             order = MODES[run % 3:] + MODES[:run % 3]
-            figures = {}
+            figures, seen = {}, {}
             for mode in order:
                 topic = f"txn-bench-{mode}-{run}"
                 admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
                 size = None if mode == "idempotent" else int(mode.split("-")[1])
+                before = api_seconds(metrics_url)
                 figures[mode] = produce(bootstrap, topic, args.mib, size)
+                seen[mode] = [mean_ms(before, api_seconds(metrics_url), api) for api in TXN_APIS]
             rows.append(figures)
+            gateway.append(seen)
     finally:
         proc.terminate()
         proc.wait(30)
@@ -126,6 +148,10 @@ def main() -> None:
             cells += [f"{mibs:6.1f} ({mibs / base:4.2f}x)",
                       f"{_pct(commits, 0.5):6.1f}/{_pct(commits, 0.99):6.1f}"]
         print(f"{i:>3} | " + " | ".join(cells))
+    print("\nthe gateway's own mean time per request, ms: " + ", ".join(TXN_APIS) + "\n")
+    print(f"{'run':>3} | " + " | ".join(f"{m:>20}" for m in MODES[1:]))
+    for i, seen in enumerate(gateway, 1):
+        print(f"{i:>3} | " + " | ".join(f"{' / '.join(f'{v:5.1f}' for v in seen[m]):>20}" for m in MODES[1:]))
     medians = {m: statistics.median(r[m][0] for r in rows) for m in MODES}
     print("\nmedian MiB/s: " + ", ".join(f"{m} {v:.1f}" for m, v in medians.items()))
 
