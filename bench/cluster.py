@@ -30,13 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (BUCKET, BenchError, Etcd, Gateway, Proc, S3Endpoint, Tansu,  # noqa: E402
                     machine_busy, tansu_binary)
-from produce_fetch import CONSUME_WAIT_S, ack_latency  # noqa: E402
+from produce_fetch import CONSUME_WAIT_S, ack_latency, non_negative  # noqa: E402
 
 RECORD = 1024
 MiB = 1024 * 1024
 CHUNK = 4 * MiB          # the remote cache's read unit: the GET target is one per chunk
 SESSION_MS = 3000        # broker.session.timeout.ms: the gateway's lease TTL in etcd
-FLUSH_MS = 200           # wal.flush.ms (the default, stated so the PUT target is explicit)
+FLUSH_MS = 200           # wal.flush.ms on S3 unless --flush-ms (the default, stated so the PUT target is explicit)
 SEGMENT_BYTES = 8 * MiB  # below the 16 MiB multipart threshold: one PUT per .log object
 IDLE_S = 2.0             # etcd's idle transaction rate is read over this long
 GB = 1e9
@@ -278,6 +278,7 @@ class Run:
     # the endpoint's own PUT of a WAL-sized object, p50 ms
     ack_ms: tuple[float, float] | None = None
     put_ms: float | None = None
+    latency_wal_puts: float | None = None  # WAL PUTs a second while the latency probe ran
     notes: list[str] = field(default_factory=list)
 
 
@@ -320,7 +321,7 @@ def throughput_run(n: int, args, workdir: Path) -> Run:
         procs.append(etcd.proc)
         s3 = S3Endpoint(directory)
         procs.append(s3.proc)
-        settings = {"broker.session.timeout.ms": str(SESSION_MS), "wal.flush.ms": str(FLUSH_MS),
+        settings = {"broker.session.timeout.ms": str(SESSION_MS), "wal.flush.ms": str(args.flush_ms),
                     "log.segment.bytes": str(SEGMENT_BYTES), "log.roll.ms": str(args.roll_ms)}
         gateways = [Gateway(i + 1, directory, etcd, s3, settings) for i in range(n)]
         for g in gateways:
@@ -370,9 +371,10 @@ def throughput_run(n: int, args, workdir: Path) -> Run:
             run.gateway_ops.update(g.object_store_requests())
 
         segments = listing(s3, "stratalog/topics/")
-        run.ack_ms, run.put_ms = s3_latency(bootstrap, s3)
-        flushes = math.ceil(produce.secs * 1000 / FLUSH_MS) + 1
-        run.put_target = n * flushes + len(segments)
+        run.ack_ms, run.put_ms, run.latency_wal_puts = s3_latency(bootstrap, s3)
+        if args.flush_ms > 0:  # back to back (0), the flushes follow the PUTs: no target
+            flushes = math.ceil(produce.secs * 1000 / args.flush_ms) + 1
+            run.put_target = n * flushes + len(segments)
         run.get_target = sum(math.ceil(size / CHUNK) for key, size in segments if key.endswith(".log"))
         run.notes.append(f"{len(segments)} segment objects")
         return run
@@ -384,19 +386,21 @@ LATENCY_MBPS = 5.0  # offered by the latency probe: a steady producer, not a flo
 PUT_PROBE_BYTES = 256 * 1024  # about what one WAL flush of that producer uploads
 
 
-def s3_latency(bootstrap: str, s3: S3Endpoint) -> tuple[tuple[float, float], float]:
+def s3_latency(bootstrap: str, s3: S3Endpoint) -> tuple[tuple[float, float], float, float]:
     """acks=all latency of one idempotent producer (linger.ms=1, at LATENCY_MBPS, after a
-    2 s warm-up, on a topic of its own), and the endpoint's PUT latency measured directly:
-    what a WAL flush cannot be faster than."""
+    2 s warm-up, on a topic of its own), the endpoint's PUT latency measured directly (what
+    a WAL flush cannot be faster than), and the WAL PUTs a second meanwhile (their cost)."""
     create_topic(bootstrap, "latency", 8)
+    m0, t0 = s3.mark(), time.monotonic()
     p50, p99, _ = ack_latency(bootstrap, "latency", offered_mbps=LATENCY_MBPS, idempotent=True)
+    wal_puts = count_requests(s3.requests(m0, s3.mark()))[("PUT", "wal")] / (time.monotonic() - t0)
     client, body, took = s3._client(), os.urandom(PUT_PROBE_BYTES), []
     for i in range(20):
         t = time.perf_counter()
         client.put_object(Bucket=BUCKET, Key=f"probe/{i}", Body=body)
         took.append((time.perf_counter() - t) * 1000)
     client.delete_objects(Bucket=BUCKET, Delete={"Objects": [{"Key": f"probe/{i}"} for i in range(20)]})
-    return (p50, p99), percentile(took, 0.5)
+    return (p50, p99), percentile(took, 0.5), wal_puts
 
 
 def tansu_run(args, workdir: Path) -> Run | str:
@@ -515,7 +519,7 @@ def failover_run(args, workdir: Path) -> Failover:
         procs.append(etcd.proc)
         s3 = S3Endpoint(directory)
         procs.append(s3.proc)
-        settings = {"broker.session.timeout.ms": str(SESSION_MS), "wal.flush.ms": str(FLUSH_MS)}
+        settings = {"broker.session.timeout.ms": str(SESSION_MS), "wal.flush.ms": str(args.flush_ms)}
         gateways = {i: Gateway(i, directory, etcd, s3, settings) for i in (1, 2, 3)}
         for g in gateways.values():
             procs.append(g)
@@ -597,7 +601,7 @@ def percentile(values: list[float], q: float) -> float:
 def report(args, runs: list[Run], tansu: Run | str, failover: Failover | None) -> None:
     print(f"\n{args.mib} MiB of {RECORD}-byte records per run, {args.partitions} partitions, "
           f"{args.producers} producer and {args.consumers} consumer processes (confluent-kafka, "
-          f"acks=all, linger.ms=5, batch.size=1 MiB); wal.flush.ms={FLUSH_MS}, "
+          f"acks=all, linger.ms=5, batch.size=1 MiB); wal.flush.ms={args.flush_ms}, "
           f"segment.bytes={SEGMENT_BYTES // MiB} MiB, segment.ms={args.roll_ms}, "
           f"broker.session.timeout.ms={SESSION_MS}; {os.cpu_count()} cores for everything.")
     rows = []
@@ -640,7 +644,7 @@ def report(args, runs: list[Run], tansu: Run | str, failover: Failover | None) -
     table("S3 writes counted at the endpoint, from the produce start until every segment is sealed",
           ["broker", "PUTs", "WAL", "segment", "manifest", "PUT target", "PUT/GB", "target/GB",
            "GET+LIST"], rows)
-    print(f"  PUT target: one WAL PUT per gateway per {FLUSH_MS} ms of the produce phase (plus one), plus "
+    print(f"  PUT target: one WAL PUT per gateway per {args.flush_ms} ms of the produce phase (plus one), plus "
           "one per sealed-segment object (.log/.index/.timeindex); manifest PUTs are outside it.")
     rows = []
     for r in every:
@@ -657,10 +661,11 @@ def report(args, runs: list[Run], tansu: Run | str, failover: Failover | None) -
           "the .index files, HEADs the size look-ups. GB = 10^9 bytes of record values.\n"
           "  errors: answers of 400 and above in both phases (a 404 for an object not written yet counts).")
     table(f"acks=all latency on S3 (one idempotent producer, linger.ms=1, {LATENCY_MBPS:g} MB/s offered, "
-          f"wal.flush.ms={FLUSH_MS}; a record waits for the next flush to start, then its PUT and commit)",
-          ["broker", "ack p50 ms", "ack p99 ms", f"PUT of {PUT_PROBE_BYTES // 1024} KiB, p50 ms"],
-          [[r.label, r.ack_ms[0] if r.ack_ms else None, r.ack_ms[1] if r.ack_ms else None, r.put_ms]
-           for r in runs])
+          f"wal.flush.ms={args.flush_ms}; a record waits for the next flush to start, then its PUT and commit)",
+          ["broker", "ack p50 ms", "ack p99 ms", f"PUT of {PUT_PROBE_BYTES // 1024} KiB, p50 ms",
+           "WAL PUTs/s"],
+          [[r.label, r.ack_ms[0] if r.ack_ms else None, r.ack_ms[1] if r.ack_ms else None, r.put_ms,
+            r.latency_wal_puts] for r in runs])
     for r in runs:
         if r.gateway_ops:
             print(f"  {r.label}: gateways' own counters (since start): "
@@ -691,6 +696,8 @@ def main() -> int:
     ap.add_argument("--gateways", default="1,2,3", help="cluster sizes to measure (default 1,2,3)")
     ap.add_argument("--no-tansu", action="store_true", help="skip the reference broker")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs) afterwards")
+    ap.add_argument("--flush-ms", type=non_negative, default=FLUSH_MS,
+                    help=f"the gateways' wal.flush.ms: the PUT cost against latency (default {FLUSH_MS})")
     args = ap.parse_args()
     args.mib = args.mib or (8 if args.quick else 128)
     args.kills = args.kills if args.kills is not None else (2 if args.quick else 5)

@@ -420,15 +420,24 @@ def run_other(name: str, started: tuple[subprocess.Popen, int], args) -> dict:
         proc.wait(30)
 
 
-def positive(text: str) -> int:
-    """A count of processes given on the command line: a whole number of at least 1."""
+def _at_least(text: str, least: int) -> int:
     try:
         n = int(text)
     except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of at least 1")
+        n = least - 1
+    if n < least:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of at least {least}")
     return n
+
+
+def positive(text: str) -> int:
+    """A count of processes given on the command line: a whole number of at least 1."""
+    return _at_least(text, 1)
+
+
+def non_negative(text: str) -> int:
+    """A setting in milliseconds given on the command line, where 0 means none."""
+    return _at_least(text, 0)
 
 
 THROUGHPUTS = ("produce MB/s", "idempotent produce MB/s", "fetch MB/s")
