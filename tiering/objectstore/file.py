@@ -92,9 +92,9 @@ class FileObjectStore:
 
     async def list(self, prefix: str) -> list[ObjectInfo]:
         """Every object whose key starts with prefix, sorted by key."""
-        _check_prefix(prefix)
+        directory = _check_prefix(prefix)
         self.stats["list"] += 1
-        return await self._run(f"list {prefix}", list_files, self.root, prefix)
+        return await self._run(f"list {prefix}", _list_files, self.root, directory, prefix)
 
     async def delete(self, keys: builtins.list[str]) -> None:
         """Delete objects; keys that do not exist are ignored. A key that is not valid
@@ -221,19 +221,23 @@ def _file_size(path: Path, key: str) -> int:
     return st.st_size
 
 
-def _check_prefix(prefix: str) -> None:
+def _check_prefix(prefix: str) -> str:
+    """The directory part of a valid list prefix; ValueError for one that is not."""
     directory = prefix.rpartition("/")[0]
     if directory:
         check_key(directory)
     elif prefix.startswith("/"):
         raise ValueError(f"list prefix must be relative: {prefix!r}")
+    return directory
 
 
 def list_files(root: Path, prefix: str) -> list[ObjectInfo]:
     """The objects under `root` whose key starts with `prefix`, sorted by key (blocking;
-    also Spark's listing of a file store)."""
-    _check_prefix(prefix)
-    directory = prefix.rpartition("/")[0]
+    Spark's listing of a file store)."""
+    return _list_files(root, _check_prefix(prefix), prefix)
+
+
+def _list_files(root: Path, directory: str, prefix: str) -> list[ObjectInfo]:
     base = root.joinpath(*directory.split("/")) if directory else root
     found: list[ObjectInfo] = []
     for dirpath, dirnames, filenames in os.walk(base):
