@@ -361,6 +361,9 @@ def rewrite_group(store, group: Group, keep, index_interval_bytes: int,
             raise CorruptBatch(f"rewrite of {group.inputs[0].key_base} ends at {sealed.last_offset}, "
                                f"expected {group.last_offset}")
         if not unchanged:
+            # The stores here upload files; a seal gives the sidecars as bytes.
+            out.index_path.write_bytes(sealed.index_bytes)
+            out.timeindex_path.write_bytes(sealed.timeindex_bytes)
             store.put_file(group.key_base + layout.INDEX, out.index_path)
             store.put_file(group.key_base + layout.TIMEINDEX, out.timeindex_path)
             store.put_file(group.key_base + layout.LOG, out.log_path)

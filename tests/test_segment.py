@@ -196,7 +196,7 @@ def test_indexes_follow_kafkas_interval_rule(segment):
     assert segment.time_index.entries() == [(300, 1003), (400, 1009)]
 
 
-def test_seal_writes_byte_exact_sidecars(segment):
+def test_seal_gives_byte_exact_sidecars_and_writes_none(segment):
     fill(segment)
     sealed = segment.seal()
     expected_index = bytes.fromhex("00000005000000be" "000000090000017c" "0000000d0000023a")
@@ -206,9 +206,8 @@ def test_seal_writes_byte_exact_sidecars(segment):
         base_offset=BASE, last_offset=BASE + 15, size=760, min_timestamp=100,
         max_timestamp=500, log_path=segment.log_path, index_bytes=expected_index,
         timeindex_bytes=expected_timeindex)
-    directory = segment.directory
-    assert (directory / "00000000000000001000.index").read_bytes() == expected_index
-    assert (directory / "00000000000000001000.timeindex").read_bytes() == expected_timeindex
+    # The sidecars go to the bucket only: no file is created on the event loop at a seal.
+    assert sorted(p.name for p in segment.directory.iterdir()) == ["00000000000000001000.log"]
     assert segment.seal() is sealed
     with pytest.raises(ValueError, match="sealed"):
         segment.append(patched(BASE + 16, 600))
@@ -383,8 +382,11 @@ def test_recovery_of_an_empty_file(tmp_path):
 def test_open_drops_stale_sidecars(tmp_path):
     seg = ActiveSegment.create(tmp_path, 0, now_ms=0)
     fill(seg)
-    seg.seal()
+    sealed = seg.seal()
     seg.close()
+    # As versions before 2026-11-28 left them: written locally at the seal.
+    seg.index_path.write_bytes(sealed.index_bytes)
+    seg.timeindex_path.write_bytes(sealed.timeindex_bytes)
     reopened = ActiveSegment.open(tmp_path, 0, now_ms=0)
     assert not reopened.index_path.exists() and not reopened.timeindex_path.exists()
     reopened.close()
@@ -432,11 +434,10 @@ def test_truncate_to_base_or_beyond_the_end(segment):
 def test_close_and_delete(segment):
     fill(segment)
     segment.seal()
-    paths = [segment.log_path, segment.index_path, segment.timeindex_path]
-    assert all(p.exists() for p in paths)
+    assert segment.log_path.exists()
     segment.close()
     segment.close()
     with pytest.raises(ValueError, match="closed"):
         segment.read(BASE, 100)
     segment.delete()
-    assert not any(p.exists() for p in paths)
+    assert list(segment.directory.iterdir()) == []

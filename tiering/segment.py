@@ -67,14 +67,16 @@ class _ChunkedReader:
 class ActiveSegment:
     """One segment of a partition's log on local disk, as Kafka's ``LogSegment`` keeps it.
 
-    Files in ``directory``, named by the zero-padded base offset:
+    Its file in ``directory`` is ``<base:020>.log`` (the zero-padded base offset): whole v2
+    batches back to back (layout in ``tiering.batch``), offsets strictly increasing from
+    ``base_offset``, never more than 2^31 - 1 bytes and never a last offset more than
+    2^31 - 1 above the base (both indexes store 32-bit relative values).
 
-    * ``<base:020>.log``: whole v2 batches back to back (layout in ``tiering.batch``),
-      offsets strictly increasing from ``base_offset``, never more than 2^31 - 1 bytes and
-      never a last offset more than 2^31 - 1 above the base (both indexes store 32-bit
-      relative values).
-    * ``<base:020>.index`` and ``<base:020>.timeindex`` (``tiering.index``): kept in memory
-      while the segment is active and written when it is sealed.
+    Its ``.index`` and ``.timeindex`` (``tiering.index``) are kept in memory and handed to
+    the uploader by ``seal``, never written here: nothing reads them from local disk (the
+    bucket's copies are what readers use), and creating two files per seal on the event
+    loop held up every request for milliseconds when all partitions rolled at once.
+    Files of those names, left by versions that wrote them, are removed on open.
 
     Indexing follows Kafka: before appending a batch, once more than
     ``index_interval_bytes`` have been appended since the last entry, the offset index
@@ -326,8 +328,8 @@ class ActiveSegment:
     def seal(self) -> SealedSegment:
         """Finish the segment (Kafka's onBecomeInactiveSegment) and describe it for upload.
 
-        Adds the final time index entry, writes both sidecar files and refuses appends
-        from then on; reads keep working until ``close``.
+        Adds the final time index entry, gives both indexes as bytes and refuses appends
+        from then on; reads keep working until ``close``. Nothing is written to disk.
         """
         if self._sealed is not None:
             return self._sealed
@@ -335,8 +337,6 @@ class ActiveSegment:
         self._time_index.append(self._max_timestamp, self._offset_of_max_timestamp)
         index_bytes = self._offset_index.to_bytes()
         timeindex_bytes = self._time_index.to_bytes()
-        self.index_path.write_bytes(index_bytes)
-        self.timeindex_path.write_bytes(timeindex_bytes)
         self._sealed = SealedSegment(
             base_offset=self._base_offset,
             last_offset=self.last_offset,
@@ -360,11 +360,10 @@ class ActiveSegment:
             self._fd = None
 
     def delete(self) -> None:
-        """Close and remove the segment's files."""
+        """Close and remove the segment's file."""
         self._unwritten, self._unwritten_bytes = [], 0
         self.close()
         self.log_path.unlink(missing_ok=True)
-        self._remove_sidecars()
 
     def _remove_sidecars(self) -> None:
         self.index_path.unlink(missing_ok=True)
