@@ -128,10 +128,8 @@ class ActiveSegment:
         directory.mkdir(parents=True, exist_ok=True)
         fd = os.open(directory / segment_file_name(base_offset, ".log"),
                      os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        segment = cls(directory, base_offset, fd,
-                      index_interval_bytes=index_interval_bytes, now_ms=now_ms)
-        segment._remove_sidecars()
-        return segment
+        return cls(directory, base_offset, fd,
+                   index_interval_bytes=index_interval_bytes, now_ms=now_ms)
 
     @classmethod
     def open(cls, directory: Path, base_offset: int, *, index_interval_bytes: int = 4096,
