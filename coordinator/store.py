@@ -96,6 +96,8 @@ WAL_DELETES_PER_TXN = 64
 # Long passes over the log index (a reload after a collection, the search for obsolete WAL
 # objects) let the event loop run after this many entries: a few milliseconds of work.
 YIELD_EVERY = 2048
+# WAL objects an index forgets between two turns of the event loop (a few ranges each).
+_FORGET_YIELD_EVERY = 256
 # What decoding a malformed stored value can raise.
 _BAD = (KeyError, TypeError, ValueError, AttributeError)
 
@@ -361,6 +363,8 @@ class _Index:
     # The last revision that may have made a WAL object obsolete: a topic, log start or
     # segment written, or a topic deleted (`KVClusterStore.wal_settled_revision`).
     settled: int = 0
+    # The deletion mark's mod revision as of `revision` (0: no mark yet).
+    mark_mod: int = 0
 
     def apply(self, rel: str, key: str, value: bytes, mod: int, touched: set) -> None:
         """Take in one key as of its mod revision; `touched` gathers the WAL objects whose
@@ -413,7 +417,7 @@ class _Index:
                      wal_heads=dict(self.wal_heads),
                      wal_parts={ws: dict(parts) for ws, parts in self.wal_parts.items()},
                      objects=dict(self.objects), max_last=dict(self.max_last),
-                     decoded=dict(self.decoded), settled=self.settled)
+                     decoded=dict(self.decoded), settled=self.settled, mark_mod=self.mark_mod)
         lowered: set[TP] = set()
         dropped: set[tuple[int, int]] = set()
         for n, key in enumerate(stale):
@@ -450,6 +454,29 @@ class _Index:
         touched |= dropped
         new.recount_last(lowered)
         return new
+
+    async def forget_wal(self, keys: list[tuple[int, int]], wal_key) -> None:
+        """Drop WAL objects whose keys this process deleted, in place: the keys a read of
+        what changed cannot show. Readers may meanwhile see some of them still; they are
+        obsolete, so nothing reads what they point at."""
+        lowered: set[TP] = set()
+        for n, ws in enumerate(keys):
+            if n % _FORGET_YIELD_EVERY == _FORGET_YIELD_EVERY - 1:
+                await asyncio.sleep(0)
+            head = wal_key(*ws)
+            self.decoded.pop(head, None)
+            self.wal_heads.pop(ws, None)
+            for part in self.wal_parts.pop(ws, {}):
+                self.decoded.pop(f"{head}/{part:06d}", None)
+            obj = self.objects.pop(ws, None)
+            if obj is None:
+                continue
+            for r in obj.ranges:
+                tp = (r.topic_id, r.partition)
+                self.by_tp.get(tp, {}).pop(ws, None)
+                if r.last_offset >= self.max_last.get(tp, -1):
+                    lowered.add(tp)
+        self.recount_last(lowered)
 
     def _drop_object(self, ws: tuple[int, int]) -> None:
         obj = self.objects.pop(ws, None)
@@ -557,6 +584,9 @@ class KVClusterStore:
         self._sync_lock = asyncio.Lock()
         self._sync_wanted = 0
         self._sync_served = 0
+        # The value of the last deletion mark this store wrote after removing what it
+        # deleted from its own index (`delete_wal_objects`).
+        self._own_mark: bytes | None = None
 
     # --- keys ----------------------------------------------------------------------------
 
@@ -1024,7 +1054,11 @@ class KVClusterStore:
         idx, reload = self._index, not self._index.revision
         if not reload:
             rev, kvs = await self.kv.snapshot(prefixes, idx.revision + 1)
-            reload = any(k == self._deletions_key for k, _, _ in kvs)
+            mark = next(((v, m) for k, v, m in kvs if k == self._deletions_key), None)
+            # A deletion this index has already taken out needs no reload (delete_wal_objects).
+            reload = mark is not None and mark[0] != self._own_mark
+            if mark is not None and not reload:
+                idx.mark_mod = mark[1]
         if reload:
             rev, kvs = await self.kv.snapshot(prefixes, 0)
         try:
@@ -1043,9 +1077,13 @@ class KVClusterStore:
                     kvs = [(k, v, m) for k, v, m in kvs if k not in idx.decoded]
                 if dropped_topic:
                     idx.settled = rev
+            if reload:
+                idx.mark_mod = 0  # until the mark is among the keys read
             for key, value, mod in kvs:
                 if key != self._deletions_key:
                     idx.apply(key[len(self.prefix):], key, value, mod, touched)
+                elif reload:
+                    idx.mark_mod = mod
             idx.assemble(touched)
         except BaseException:
             self._index = _Index()  # half-applied: the next call reloads in full
@@ -1281,9 +1319,9 @@ class KVClusterStore:
         WAL_DELETES_PER_TXN to a transaction: the gateway's WAL commits queue behind each
         one, so a collection pass of a minute of WAL objects must not be a single long
         transaction. The deletion mark is written once, after the last: each mark makes
-        every reader's index read every key again (tens of milliseconds of a gateway's event
-        loop with a minute of WAL objects), and an obsolete entry is never read, so one
-        that lingers in an index until the pass ends is harmless."""
+        every other reader's index read every key again (tens of milliseconds of a gateway's
+        event loop with a minute of WAL objects), and an obsolete entry is never read, so
+        one that lingers in an index until the pass ends is harmless."""
         if not keys:
             return
         try:
@@ -1294,7 +1332,20 @@ class KVClusterStore:
             with contextlib.suppress(Exception):
                 await self.kv.txn([], [self._deletion_mark()])
             raise
-        await self.kv.txn([], [self._deletion_mark()])
+        # This store's own index can take out what it deleted instead of reading every key
+        # again, unless another deletion's mark came after the last one the index saw (its
+        # keys would go unseen): the mark is then written as anyone's, and read in full.
+        own = uuid.uuid4().hex.encode()
+        seen = self._index
+        if not seen.revision:
+            await self.kv.txn([], [self._deletion_mark()])
+            return
+        if not await self.kv.txn([mod_is(self._deletions_key, seen.mark_mod)],
+                                 [Put(self._deletions_key, own)], [self._deletion_mark()]):
+            return
+        async with self._sync_lock:
+            await self._index.forget_wal(keys, self._wal_key)
+            self._own_mark = own
 
     # --- segments ------------------------------------------------------------------------
 
