@@ -7,7 +7,9 @@ Keys live under `/stratalog/<cluster>/` as model.py lists them, values are compa
     partitions/<topic_id>/<p>/epoch   -> leader epoch as a decimal integer
     fence_generation                  -> rewritten whenever any leader epoch changes
     index_deletions                   -> rewritten by every transaction that deletes
-                                         topic, log, segment or WAL keys
+                                         topic, log, segment or WAL keys; an opaque
+                                         value (a collection pass writes one of its own:
+                                         delete_wal_objects)
     users/<user>/<mechanism>          -> a SCRAM credential (salt, iterations, stored and
                                          server keys, base64): never a password
     acls/<digest>                     -> one ACL binding (digest: SHA-256 of its fields)
@@ -55,7 +57,8 @@ in between and the per-part compares stayed true until the header landed.
 Reads of log state (log start, high watermark, WAL ranges, segments, WAL objects) come from
 an in-memory index refreshed with one `snapshot` per call: only keys modified since the
 index's revision travel, and a changed `index_deletions` makes it reload in full (deletions
-leave nothing behind to be seen by a modified-since read). The high watermark is derived:
+leave nothing behind to be seen by a modified-since read), unless the change is this
+store's own collection pass, whose deletions it has already taken out. The high watermark is derived:
 one past the largest last offset over the partition's WAL ranges and segments, never below
 the log start offset.
 """
