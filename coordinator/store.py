@@ -58,9 +58,9 @@ Reads of log state (log start, high watermark, WAL ranges, segments, WAL objects
 an in-memory index refreshed with one `snapshot` per call: only keys modified since the
 index's revision travel, and a changed `index_deletions` makes it reload in full (deletions
 leave nothing behind to be seen by a modified-since read), unless the change is this
-store's own collection pass, whose deletions it has already taken out. The high watermark is derived:
-one past the largest last offset over the partition's WAL ranges and segments, never below
-the log start offset.
+store's own collection pass, whose deletions it has already taken out. The high watermark
+is derived: one past the largest last offset over the partition's WAL ranges and segments,
+never below the log start offset.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ import json
 import uuid
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import Any, Iterable, Sequence, Union
+from typing import Any, Callable, Iterable, Sequence, Union
 from urllib.parse import quote, unquote
 
 from stratalog.coordinator.kv import (
@@ -289,6 +289,11 @@ def _parse_tp(key: str, tid: str, p: str) -> TP:
         raise CoordinatorError(f"malformed coordinator key {key}") from None
 
 
+def _wal_part_key(header_key: str, part: int) -> str:
+    """The key of one part of a WAL object committed in parts (module docstring)."""
+    return f"{header_key}/{part:06d}"
+
+
 def _wal_entry(key: str, parts: list[str]) -> tuple[tuple[int, int], int]:
     """(gateway id, sequence) and part number (-1: the header) of a key under wal/."""
     try:
@@ -458,7 +463,7 @@ class _Index:
         new.recount_last(lowered)
         return new
 
-    async def forget_wal(self, keys: list[tuple[int, int]], wal_key) -> None:
+    async def forget_wal(self, keys: list[tuple[int, int]], wal_key: Callable[[int, int], str]) -> None:
         """Drop WAL objects whose keys this process deleted, in place: the keys a read of
         what changed cannot show. Readers may meanwhile see some of them still; they are
         obsolete, so nothing reads what they point at."""
@@ -470,22 +475,23 @@ class _Index:
             self.decoded.pop(head, None)
             self.wal_heads.pop(ws, None)
             for part in self.wal_parts.pop(ws, {}):
-                self.decoded.pop(f"{head}/{part:06d}", None)
-            obj = self.objects.pop(ws, None)
+                self.decoded.pop(_wal_part_key(head, part), None)
+            obj = self._drop_object(ws)
             if obj is None:
                 continue
             for r in obj.ranges:
                 tp = (r.topic_id, r.partition)
-                self.by_tp.get(tp, {}).pop(ws, None)
                 if r.last_offset >= self.max_last.get(tp, -1):
                     lowered.add(tp)
         self.recount_last(lowered)
 
-    def _drop_object(self, ws: tuple[int, int]) -> None:
+    def _drop_object(self, ws: tuple[int, int]) -> WalObject | None:
+        """Take a WAL object out of the object and partition maps; the object, if it was there."""
         obj = self.objects.pop(ws, None)
         if obj is not None:
             for r in obj.ranges:
                 self.by_tp.get((r.topic_id, r.partition), {}).pop(ws, None)
+        return obj
 
     def _note_last(self, tp: TP, last: int) -> None:
         if last > self.max_last.get(tp, -1):
@@ -1199,7 +1205,7 @@ class KVClusterStore:
             for i, c in enumerate(chunks):
                 ok = await self.kv.txn(
                     [fence] + [value_is(self._epoch_key(*tp), _dumps(epochs[tp])) for tp in c.tps],
-                    [Put(f"{wkey}/{i:06d}", _dumps({"ranges": c.ranges}))])
+                    [Put(_wal_part_key(wkey, i), _dumps({"ranges": c.ranges}))])
                 if not ok:
                     break
             if ok and await self.kv.txn([fence], [header]):
@@ -1262,7 +1268,7 @@ class KVClusterStore:
                 head = idx.wal_heads[ws]
                 sources: list[tuple[str, dict | None, list[WalRange]]] = [
                     (self._wal_key(*ws), head, _ranges(obj_key, head.get("ranges") or []))]
-                sources += [(f"{self._wal_key(*ws)}/{i:06d}", None, rs)
+                sources += [(_wal_part_key(self._wal_key(*ws), i), None, rs)
                             for i, rs in sorted(idx.wal_parts.get(ws, {}).items())]
                 for key, entry, ranges in sources:
                     kept = _cut_ranges(ranges, tp, end_offset, obj_key, shortened)
@@ -1338,11 +1344,10 @@ class KVClusterStore:
         # This store's own index can take out what it deleted instead of reading every key
         # again, unless another deletion's mark came after the last one the index saw (its
         # keys would go unseen): the mark is then written as anyone's, and read in full.
+        # (An index not loaded yet, or dropped after an error, reads in full at its next
+        # refresh whatever the mark says.)
         own = uuid.uuid4().hex.encode()
         seen = self._index
-        if not seen.revision:
-            await self.kv.txn([], [self._deletion_mark()])
-            return
         if not await self.kv.txn([mod_is(self._deletions_key, seen.mark_mod)],
                                  [Put(self._deletions_key, own)], [self._deletion_mark()]):
             return
