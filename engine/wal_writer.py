@@ -155,11 +155,13 @@ class WalWriter:
 
     def add(self, plog, base_offset: int, last_offset: int, max_timestamp: int,
             batch: bytes | bytearray) -> asyncio.Future:
-        """Queue a patched batch; the future resolves when its WAL object is committed."""
+        """Queue a patched batch, which the caller hands over (a bytearray is kept, not
+        copied, and must not change again); the future resolves when its WAL object is
+        committed."""
         p = self._pending
         if not p.partitions:
             self._wake.set()
-        p.builder.add(plog.topic_id, plog.partition, base_offset, last_offset, max_timestamp, batch)
+        p.builder.add(plog.topic_id, plog.partition, base_offset, last_offset, max_timestamp, batch, copy=False)
         entry = p.partitions.get(plog.key)
         if entry is None:
             fut = asyncio.get_running_loop().create_future()
@@ -214,7 +216,7 @@ class WalWriter:
         started = self.clock()
         await self._prune_confirmed()
         add_confirmations(p.builder, self.confirmed)
-        data, infos = p.builder.build()
+        data, infos = p.builder.build_parts()
         key = layout.wal_key(self.gateway_id, self.sequence)
         seq = self.sequence
         self.sequence += 1

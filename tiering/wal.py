@@ -104,8 +104,13 @@ class WalBuilder:
         last_offset: int,
         max_timestamp: int,
         batch: bytes | bytearray | memoryview,
+        *,
+        copy: bool = True,
     ) -> None:
-        """Append one batch of a partition; its offsets must follow the partition's last batch."""
+        """Append one batch of a partition; its offsets must follow the partition's last batch.
+
+        A mutable batch is copied (its owner may reuse the buffer before the flush) unless
+        `copy` is False: the caller hands it over and never changes it again."""
         if not isinstance(topic_id, uuid.UUID):
             raise ValueError(f"topic_id must be a uuid.UUID, got {type(topic_id).__name__}")
         if not 0 <= partition <= _INT32_MAX:
@@ -114,8 +119,7 @@ class WalBuilder:
             raise ValueError(f"bad offsets: base {base_offset}, last {last_offset}")
         if not _INT64_MIN <= max_timestamp <= _INT64_MAX:
             raise ValueError(f"max_timestamp out of range: {max_timestamp}")
-        # Copy anything mutable: the caller may reuse its buffer before the flush.
-        data = batch if isinstance(batch, bytes) else bytes(batch)
+        data = batch if isinstance(batch, bytes) or not copy else bytes(batch)
         if not data:
             raise ValueError("empty batch")
         slot = self._ranges.get((topic_id, partition))
@@ -160,7 +164,13 @@ class WalBuilder:
 
     def build(self) -> tuple[bytes, list[WalRangeInfo]]:
         """The object's bytes and its ranges; the builder is left unchanged."""
-        pieces = [_HEADER.pack(MAGIC, FORMAT_VERSION, 0)]
+        pieces, infos = self.build_parts()
+        return b"".join(pieces), infos
+
+    def build_parts(self) -> tuple[list[bytes | bytearray | memoryview], list[WalRangeInfo]]:
+        """The object's bytes as the parts that follow one another in it (the batches are
+        not copied into one buffer), and its ranges; the builder is left unchanged."""
+        pieces: list[bytes | bytearray | memoryview] = [_HEADER.pack(MAGIC, FORMAT_VERSION, 0)]
         infos: list[WalRangeInfo] = []
         position = HEADER_SIZE
         for (topic_id, partition), (batches, base, last, max_ts, length) in self._ranges.items():
@@ -179,7 +189,7 @@ class WalBuilder:
         footer_crc = crc32c.crc32c(covered, crc32c.crc32c(footer))
         pieces.append(footer)
         pieces.append(_TRAILER.pack(position, len(infos), footer_crc, FORMAT_VERSION, 0, MAGIC))
-        return b"".join(pieces), infos
+        return pieces, infos
 
 
 def check_version(version: int, key: str | None = None) -> None:

@@ -18,6 +18,29 @@ import crc32c
 from stratalog.tiering.errors import CorruptObject
 
 
+Buffer = bytes | bytearray | memoryview
+# What a put writes: one buffer, or a list of parts written one after another (a WAL
+# object's header, batches and footer, which a file store writes with one writev and no
+# copy into one buffer first).
+ObjectData = Buffer | list[Buffer]
+
+
+def data_size(data: ObjectData) -> int:
+    """How many bytes a put of `data` writes."""
+    if isinstance(data, list):
+        return sum(map(_nbytes, data))
+    return _nbytes(data)
+
+
+def _nbytes(buffer: Buffer) -> int:
+    return buffer.nbytes if isinstance(buffer, memoryview) else len(buffer)
+
+
+def joined(data: ObjectData) -> Buffer:
+    """`data` as one buffer (parts copied into one)."""
+    return b"".join(data) if isinstance(data, list) else data
+
+
 class ObjectNotFound(KeyError):
     """The key does not exist in the store."""
 
@@ -35,7 +58,7 @@ class ObjectInfo:
 class ObjectStore(Protocol):
     url: str
 
-    async def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
+    async def put(self, key: str, data: ObjectData) -> None:
         """Write a whole object; visible to readers only once complete."""
 
     async def put_file(self, key: str, path: Path) -> None:

@@ -17,11 +17,13 @@ import tempfile
 from pathlib import Path
 
 from stratalog.tiering.objectstore.base import (
+    ObjectData,
     ObjectInfo,
     ObjectNotFound,
     ObjectStoreError,
     check_key,
     check_range,
+    data_size,
     new_stats,
 )
 from stratalog.tiering.objectstore.spare_files import TMP_PREFIX, SpareFiles
@@ -59,12 +61,12 @@ class FileObjectStore:
             self.stats["errors"] += 1
             raise ObjectStoreError(f"{op} failed under {self.root}: {exc}") from exc
 
-    async def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
+    async def put(self, key: str, data: ObjectData) -> None:
         """Write a whole object; visible to readers only once complete."""
         path = self._path(key)
         self.stats["put"] += 1
         await self._run(f"put {key}", _write_atomically, path, data, self._spares)
-        self.stats["bytes_out"] += len(data) if not isinstance(data, memoryview) else data.nbytes
+        self.stats["bytes_out"] += data_size(data)
 
     async def put_file(self, key: str, path: Path) -> None:
         """Write a local file as a whole object: hard-linked when it is on the same file
@@ -114,10 +116,10 @@ class FileObjectStore:
 
 
 _COPY_BUFFER = 1024 * 1024
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 
-def _write_atomically(path: Path, data: bytes | bytearray | memoryview | Path,
-                      spares: SpareFiles) -> int:
+def _write_atomically(path: Path, data: ObjectData | Path, spares: SpareFiles) -> int:
     """Write `data` (or copy the file at that Path) to `path`: durable, and visible only
     once complete. Returns the bytes written."""
     # A concurrent delete may prune the directory between mkdir and taking the temporary
@@ -140,6 +142,8 @@ def _write_atomically(path: Path, data: bytes | bytearray | memoryview | Path,
                 if isinstance(data, Path):
                     with open(data, "rb") as source:
                         shutil.copyfileobj(source, f, _COPY_BUFFER)
+                elif isinstance(data, list):
+                    _write_parts(f.fileno(), data)
                 else:
                     f.write(data)
                 f.flush()
@@ -154,6 +158,20 @@ def _write_atomically(path: Path, data: bytes | bytearray | memoryview | Path,
         raise
     _fsync_directory(path.parent)
     return size
+
+
+def _write_parts(fd: int, parts: list) -> None:
+    """Write buffers one after another at the file's position, with as few writev calls as
+    the system's iovec limit allows."""
+    views = [memoryview(p).cast("B") for p in parts]
+    first = 0
+    while first < len(views):
+        done = os.writev(fd, views[first:first + _IOV_MAX])
+        while first < len(views) and done >= views[first].nbytes:
+            done -= views[first].nbytes
+            first += 1
+        if done:  # a short write: go on from the first byte not written
+            views[first] = views[first][done:]
 
 
 def _temporary_file(directory: Path, spares: SpareFiles | None) -> tuple[int, str]:

@@ -33,6 +33,7 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession
 
 from stratalog.tiering.objectstore.base import (
+    ObjectData,
     ObjectInfo,
     ObjectNotFound,
     ObjectStoreError,
@@ -40,6 +41,7 @@ from stratalog.tiering.objectstore.base import (
     check_key,
     check_range,
     crc32c_checksum,
+    joined,
     new_stats,
 )
 
@@ -222,9 +224,9 @@ class S3ObjectStore:
             self.stats["retries"] += 1
             await self._sleep(delay)
 
-    async def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
+    async def put(self, key: str, data: ObjectData) -> None:
         """Write a whole object; visible to readers only once complete."""
-        view = memoryview(data).cast("B")
+        view = memoryview(joined(data)).cast("B")
 
         async def read(start: int, length: int) -> bytes:
             return bytes(view[start:start + length])
