@@ -481,7 +481,7 @@ class LogEngine:
 
 
 def _local_write(plog: PartitionLog, batch: memoryview, h: BatchHeader, now_ms: int,
-                 log_append_time: bool) -> tuple[bytearray, BatchHeader]:
+                 log_append_time: bool) -> tuple[bytearray | memoryview, BatchHeader]:
     """`plog.append`. A local segment write that fails (the data directory's disk full or
     read-only) appends nothing: the segment writes the runs of batches it holds before
     taking a new one, from its own size, so a failed write is done again by the next. The

@@ -225,13 +225,15 @@ class PartitionLog:
                             f"resend the earlier batches first ({e})") from None
 
     def append(self, batch: memoryview, h: BatchHeader, *, now_ms: int,
-               log_append_time: bool) -> tuple[bytearray, BatchHeader]:
+               log_append_time: bool) -> tuple[bytearray | memoryview, BatchHeader]:
         """Assign offsets to one validated batch (`h`: its header) and append it to the
         active segment.
 
-        Returns the patched bytes (for the WAL buffer) and the header as stored.
+        A writable batch (a view of a request frame the gateway read into a buffer of its
+        own) is patched in place and kept, a read-only one is copied first. Returns the
+        patched bytes (for the WAL buffer) and the header as stored.
         """
-        data = bytearray(batch)
+        data = batch if isinstance(batch, memoryview) and not batch.readonly else bytearray(batch)
         base = self.next_offset
         if self.active.size == 0:
             self.active_since_ms = now_ms

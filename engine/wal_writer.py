@@ -154,8 +154,8 @@ class WalWriter:
         self._task = asyncio.create_task(self._run(), name="wal-flush")
 
     def add(self, plog, base_offset: int, last_offset: int, max_timestamp: int,
-            batch: bytes | bytearray) -> asyncio.Future:
-        """Queue a patched batch, which the caller hands over (a bytearray is kept, not
+            batch: bytes | bytearray | memoryview) -> asyncio.Future:
+        """Queue a patched batch, which the caller hands over (a bytearray or view is kept, not
         copied, and must not change again); the future resolves when its WAL object is
         committed."""
         p = self._pending

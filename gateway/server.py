@@ -1,4 +1,5 @@
-"""The only module that touches sockets: frames in, handlers, frames out.
+"""With `frame_reader` (a connection's protocol), the only module that touches sockets:
+frames in, handlers, frames out.
 
 Per connection, requests are handled one at a time in arrival order (so two produce
 requests to one partition append in the order they were sent), but a handler may return
@@ -26,6 +27,7 @@ from .auth.listeners import Listener
 from .auth.session import Session
 from .auth.tls import ServerTls, map_principal, subject_dn
 from .connection_limits import ConnectionLimits
+from .frame_reader import FrameReader, FrameWriter
 from .request_memory import RequestMemory
 from .errors import serving
 from .handlers import load_handlers
@@ -40,8 +42,6 @@ from .stopping import cancel_and_wait
 log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 64  # responses a connection may have pending before we stop reading
-# Bytes a connection's reader buffers while nobody reads it (twice this pauses the socket).
-READ_BUFFER = 256 * 1024
 # What a connection on a SASL listener may send before it has authenticated.
 BEFORE_AUTHENTICATION = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 
@@ -100,15 +100,14 @@ class GatewayServer:
         self.idle_ms = idle_ms
         self.memory = memory or RequestMemory(-1)
         self.read_timeout_s = read_timeout_ms / 1000
-        self._activity: dict[asyncio.Task, tuple[_Activity, asyncio.StreamWriter]] = {}
+        self._activity: dict[asyncio.Task, tuple[_Activity, FrameWriter]] = {}
         self._sweeper: asyncio.Task | None = None
 
     async def bind(self) -> None:
         """Bind the listener (so a port of 0 is resolved) without accepting clients yet."""
-        self._server = await asyncio.start_server(self._accept, self.host, self.port,
-                                                  limit=READ_BUFFER, reuse_address=True,
-                                                  start_serving=False,
-                                                  ssl=self.tls.context if self.tls else None)
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: FrameReader(self._accept), self.host, self.port, reuse_address=True,
+            start_serving=False, ssl=self.tls.context if self.tls else None)
         self.port = self._server.sockets[0].getsockname()[1]
         self.listener = Listener(self.listener.name, self.listener.protocol, self.host, self.port)
 
@@ -151,7 +150,7 @@ class GatewayServer:
         if self._server is not None:
             await self._server.wait_closed()
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accept(self, reader: FrameReader, writer: FrameWriter) -> None:
         task = asyncio.current_task()
         peer = writer.get_extra_info("peername")
         peer_s = f"{peer[0]}:{peer[1]}" if peer else "?"
@@ -186,7 +185,7 @@ class GatewayServer:
                 self.limits.release(ip)
             writer.close()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str,
+    async def _serve(self, reader: FrameReader, writer: FrameWriter, peer: str,
                      session: Session, activity: _Activity) -> None:
         responses: asyncio.Queue = asyncio.Queue(MAX_IN_FLIGHT)
         write_task = asyncio.create_task(self._write_responses(responses, writer, peer, activity))
@@ -220,7 +219,7 @@ class GatewayServer:
                     activity.last = time.monotonic()
                     activity.pending += 1
                     if session.raw_tokens:
-                        item = await self._raw_sasl(frame, peer, session)
+                        item = await self._raw_sasl(bytes(frame), peer, session)
                     else:
                         item = await self._handle(frame, peer, session, behind)
                         if item is not None:
@@ -250,7 +249,7 @@ class GatewayServer:
                 except (Exception, asyncio.CancelledError):  # noqa: BLE001
                     pass
 
-    async def _handle(self, frame: bytes, peer: str, session: Session,
+    async def _handle(self, frame: bytes | bytearray, peer: str, session: Session,
                       behind: asyncio.Event | None = None):
         started = time.perf_counter()
         try:
@@ -310,7 +309,7 @@ class GatewayServer:
             log.warning("%s: SASL/%s authentication failed: %s", peer, session.mechanism, e)
             return None
 
-    async def _write_responses(self, responses: asyncio.Queue, writer: asyncio.StreamWriter,
+    async def _write_responses(self, responses: asyncio.Queue, writer: FrameWriter,
                                peer: str, activity: _Activity) -> None:
         """Answer in request order. Answers that are ready together (every acks=all produce
         request of one WAL flush) go out in one write: a system call costs as much here as
@@ -346,13 +345,13 @@ class GatewayServer:
                 _write(out, writer)  # what was answered before the end still goes out
 
     @staticmethod
-    async def _send(out: list, writer: asyncio.StreamWriter) -> None:
+    async def _send(out: list, writer: FrameWriter) -> None:
         if out:
             _write(out, writer)
             out.clear()
             await writer.drain()
 
-    async def _answer(self, item, writer: asyncio.StreamWriter, out: list, activity: _Activity) -> bool:
+    async def _answer(self, item, writer: FrameWriter, out: list, activity: _Activity) -> bool:
         """Encode one answer into `out` (waiting for its deferred part first); False when
         the connection was closed instead."""
         if isinstance(item, bytes):  # a raw SASL token (SaslHandshake v0)
@@ -426,7 +425,7 @@ COALESCE_BYTES = 1024 * 1024  # answers gathered into one write at most (a Fetch
 TLS_WRITE_BYTES = 256 * 1024
 
 
-def _write(out: list, writer: asyncio.StreamWriter) -> None:
+def _write(out: list, writer: FrameWriter) -> None:
     if writer.get_extra_info("ssl_object") is None:
         writer.writelines(out)
     else:

@@ -165,6 +165,34 @@ def test_acks_all_waits_for_the_wal_commit_and_not_longer(backends):
     run(backends, body)
 
 
+def test_a_batch_in_a_writable_buffer_is_patched_in_place_and_a_read_only_one_is_copied(backends):
+    """The gateway reads request frames into buffers of its own, and the engine assigns
+    offsets in them instead of copying each batch; a batch in read-only memory is copied
+    first and left as it was. Both land in the log and the WAL object as stored."""
+
+    async def body(h):
+        await h.create_topic("inplace", 1)
+        engine = await h.start_engine()
+        await h.lead(engine)
+        first = batch(2, ts=h.clock.ms, tag="a")
+        await send(engine, "inplace", 0, first, h.clock.ms)
+        second = batch(3, ts=h.clock.ms, tag="b")
+        frame = bytearray(b"head" + second + b"tail")
+        view = memoryview(frame)[4:4 + len(second)]
+        assert (await send(engine, "inplace", 0, view, h.clock.ms)).base_offset == 2
+        assert BatchHeader.parse(frame, 4).base_offset == 2  # patched where it lay
+        assert frame[:4] == b"head" and frame[-4:] == b"tail"
+        stored = await read_all(engine, "inplace", 0)
+        assert_stored(first, stored[:len(first)], base_offset=0, leader_epoch=0)
+        assert_stored(second, stored[len(first):], base_offset=2, leader_epoch=0)
+        [obj] = [o for o in await h.store.wal_objects() if o.ranges[0].base_offset == 2]
+        wal = await h.objects.get(obj.key)
+        r = obj.ranges[0]
+        assert wal[r.position:r.position + r.length] == bytes(view)
+
+    run(backends, body)
+
+
 def test_a_stop_during_a_flush_commits_what_queued_behind_it_and_ends(backends):
     """A gateway stopped under load (a rolling restart): the stop arrives while one WAL
     object is being uploaded and more batches wait behind it. Both are committed and the
