@@ -357,11 +357,15 @@ def run_one(name: str, proc: subprocess.Popen, port: int, args, data_dir: Path |
     create(bootstrap, "bench", args.partitions)
     create(bootstrap, "bench-idempotent", args.partitions)
     create(bootstrap, "latency", 8)
+    from common import cpu_seconds  # common imports this module: not at the top
+
     row: dict = {"broker": name}
-    row["produce MB/s"] = produce_throughput(bootstrap, "bench", args.mib, args.partitions, idempotent=False,
-                                             clients=args.clients)[0]
-    row["idempotent produce MB/s"] = produce_throughput(bootstrap, "bench-idempotent", args.mib, args.partitions,
-                                                        idempotent=True, clients=args.clients)[0]
+    for label, topic, idempotent in (("produce", "bench", False), ("idempotent produce", "bench-idempotent", True)):
+        spent = cpu_seconds(proc.pid)
+        row[f"{label} MB/s"] = produce_throughput(bootstrap, topic, args.mib, args.partitions,
+                                                  idempotent=idempotent, clients=args.clients)[0]
+        # The broker's CPU per byte: on two shared cores it sets the throughput.
+        row[f"{label} CPU s/GiB"] = (cpu_seconds(proc.pid) - spent) / (args.mib / 1024)
     seen = {}
     for label, mbps, idem in LATENCY_CASES:
         p50, p99, delivered, summary = latency_case(bootstrap, proc.pid, http, mbps, idem)
@@ -472,7 +476,8 @@ def main() -> None:
     print(f"{'':<{width}} | " + " | ".join(f"{r['broker'][:13] + ' ' + str(r['run']):>16}" for r in rows))
     for key in keys:
         cells = [r[key] for r in rows]
-        print(f"{key:<{width}} | " + " | ".join(f"{v:>16.1f}" if isinstance(v, float) else f"{v:>16}"
+        digits = 2 if "CPU" in key else 1
+        print(f"{key:<{width}} | " + " | ".join(f"{v:>16.{digits}f}" if isinstance(v, float) else f"{v:>16}"
                                                  for v in cells))
     print("\nas a fraction of the ceiling (the discard responder, same run):")
     for run in range(1, args.runs + 1):

@@ -12,7 +12,8 @@ assigns offsets in place instead of copying each batch.
 
 The stash bounds what a connection buffers ahead of the frame being handled: when it is
 full, the socket is not read until the handler takes a frame (StreamReader's limit did the
-same). A frame over IN_PLACE_BYTES is received in pieces of that size and joined, so a
+same). It starts small, so a connection that sends one request at a time costs a few
+kilobytes. A frame over IN_PLACE_BYTES is received in pieces of that size and joined, so a
 client that announces a huge frame and stalls holds only what it sent.
 
 `FrameWriter` is the answering side: the few StreamWriter calls the server makes.
@@ -23,9 +24,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Callable
 
-# Bytes a connection buffers ahead (a few small requests); frames past half of it that are
-# still arriving are received directly into their own buffer, allocated whole up to
-# IN_PLACE_BYTES (produce requests are up to a megabyte or two).
+# Bytes a connection buffers ahead (a few small requests): its stash starts at the least
+# and doubles while a client sends faster than its frames are taken. Frames past half of
+# the most that are still arriving are received directly into their own buffer, allocated
+# whole up to IN_PLACE_BYTES (produce requests are up to a megabyte or two).
+LEAST_STASH_BYTES = 4 * 1024
 STASH_BYTES = 32 * 1024
 DIRECT_BYTES = STASH_BYTES // 2
 IN_PLACE_BYTES = 8 * 1024 * 1024
@@ -37,7 +40,7 @@ class FrameReader(asyncio.BufferedProtocol):
 
     def __init__(self, on_connect: Callable[[FrameReader, FrameWriter], Awaitable[None]]):
         self._on_connect = on_connect
-        self._stash = bytearray(STASH_BYTES)
+        self._stash = bytearray(LEAST_STASH_BYTES)
         self._start = self._end = 0  # unread bytes: _stash[_start:_end]
         self._frame: bytearray | None = None  # a frame being received in place
         self._filled = 0
@@ -61,6 +64,8 @@ class FrameReader(asyncio.BufferedProtocol):
             return memoryview(self._frame)[self._filled:]
         if self._end == len(self._stash):
             self._compact()
+            if self._end == len(self._stash):  # all unread, and less than the most
+                self._grow(min(2 * len(self._stash), STASH_BYTES))
         return memoryview(self._stash)[self._end:]
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -73,7 +78,7 @@ class FrameReader(asyncio.BufferedProtocol):
                 self._wake()
             return
         self._end += nbytes
-        if self._end == len(self._stash) and self._start == 0:
+        if self._end - self._start >= STASH_BYTES:
             self._pause()  # full: nothing more until a frame is taken
         self._wake()
 
@@ -116,6 +121,8 @@ class FrameReader(asyncio.BufferedProtocol):
             self._end_of_stream(n)
             if len(self._stash) - self._start < n:
                 self._compact()
+                if len(self._stash) < n:
+                    self._grow(STASH_BYTES)
             self._resume()
             await self._wait()
         return self._take(n)
@@ -164,6 +171,9 @@ class FrameReader(asyncio.BufferedProtocol):
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+
+    def _grow(self, size: int) -> None:
+        self._stash += bytes(size - len(self._stash))
 
     def _compact(self) -> None:
         held = self._end - self._start

@@ -14,7 +14,7 @@ import struct
 import pytest
 
 from stratalog.gateway import frame_reader
-from stratalog.gateway.frame_reader import DIRECT_BYTES, STASH_BYTES, FrameReader
+from stratalog.gateway.frame_reader import DIRECT_BYTES, LEAST_STASH_BYTES, STASH_BYTES, FrameReader
 
 pytestmark = pytest.mark.unit
 
@@ -102,9 +102,11 @@ def test_a_frame_past_the_in_place_size_is_received_in_pieces(run, monkeypatch):
     assert [bytes(f) for f in run(main())] == [body, b"next"]
 
 
-def test_a_client_sending_ahead_is_stopped_at_the_stash(run):
+@pytest.mark.parametrize("first", [0, DIRECT_BYTES - 1], ids=["small-first", "stash-grown-first"])
+def test_a_client_sending_ahead_is_stopped_at_the_stash(run, first):
     count = 80_000
-    many = b"".join(_frame(bytes(100)) for _ in range(count))  # 8 MB, past the kernel's buffers
+    # 8 MB, past the kernel's buffers; a first frame that makes the stash grow at once
+    many = _frame(bytes(first)) + b"".join(_frame(bytes(100)) for _ in range(count - 1))
 
     async def main():
         connected = asyncio.get_running_loop().create_future()
@@ -116,6 +118,7 @@ def test_a_client_sending_ahead_is_stopped_at_the_stash(run):
         server, client = await _serve(on_connect)
         sending = asyncio.create_task(asyncio.to_thread(client.sendall, many))
         reader = await asyncio.wait_for(connected, 10)
+        assert len(reader._stash) <= STASH_BYTES
         for _ in range(500):
             if not reader._transport.is_reading():
                 break
@@ -127,12 +130,37 @@ def test_a_client_sending_ahead_is_stopped_at_the_stash(run):
         await sending
         client.close()
         server.close()
-        return paused, buffered, sum(f == bytes(100) for f in frames)
+        return paused, buffered, len(reader._stash), sum(f == bytes(100) for f in frames[1:])
 
-    paused, buffered, whole = run(main())
+    paused, buffered, stash, whole = run(main())
     assert paused
-    assert buffered == STASH_BYTES
-    assert whole == count
+    assert buffered == STASH_BYTES == stash
+    assert whole == count - 1
+
+
+def test_a_connection_sending_one_request_at_a_time_keeps_a_small_stash(run):
+    async def main():
+        connected = asyncio.get_running_loop().create_future()
+
+        async def on_connect(reader, writer):
+            connected.set_result(reader)
+            try:
+                while True:
+                    await _read_frames(reader, 1)
+                    writer.writelines([b"."])
+            except asyncio.IncompleteReadError:
+                writer.close()
+
+        server, client = await _serve(on_connect)
+        reader = await asyncio.wait_for(connected, 10)
+        for size in (30, 1000, 3000, 100):
+            await asyncio.to_thread(client.sendall, _frame(bytes(size)))
+            assert await asyncio.to_thread(client.recv, 1) == b"."
+        client.close()
+        server.close()
+        return len(reader._stash)
+
+    assert run(main()) == LEAST_STASH_BYTES
 
 
 def test_the_ends_of_a_connection(run):
