@@ -274,9 +274,8 @@ CONSUME_WAIT_S = 0.05
 
 # A fetch's steps in the gateway (how samples are given to them: profile_steps).
 FETCH_STEPS: Steps = (
-    ("read and decode the request", ("StreamReader.readexactly", "StreamReader.feed_data",
-                                     "StreamReaderProtocol.data_received", "RequestMemory.acquire",
-                                     "decode_request", "decode_struct_", "Schema.decode")),
+    ("read and decode the request", ("FrameReader.", "RequestMemory.acquire", "decode_request", "decode_struct_",
+                                     "Schema.decode")),
     ("auth, ACL and quota checks", ("ClientQuotas.", "RequestContext.allowed", "Session.", "LoopTime.")),
     ("find the batches (segments, offset index, batch headers)", (
         "PartitionLog.read", "PartitionLog.local_segment_for", "read_sealed_log", "walk", "_offset_index",

@@ -232,8 +232,7 @@ async def flood(port: int, rate: float, seconds: float, connections: int, record
 
 # A produced request's steps in the gateway (how samples are given to them: profile_steps).
 STEPS: Steps = (
-    ("read the frame (socket to bytes)", ("StreamReader.readexactly", "StreamReader.feed_data",
-                                          "StreamReaderProtocol.data_received", "RequestMemory.acquire")),
+    ("read the frame (socket to bytes)", ("FrameReader.", "RequestMemory.acquire")),
     ("decode the request", ("decode_request", "decode_struct_", "Schema.decode")),
     ("auth, ACL, quota and transaction checks", ("ClientQuotas.", "RequestContext.allowed", "Session.",
                                                   "_TxnCheck.", "_non_transactional_refusal", "LoopTime.")),

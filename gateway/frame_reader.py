@@ -2,9 +2,9 @@
 socket allows.
 
 asyncio's StreamReader takes every chunk the socket gives as a new bytes object, appends
-it to its buffer and copies each frame out again: three copies of every byte produced,
-with a fresh allocation each, which was a fifth of the event loop's time under large
-produce requests. Here a frame that did not arrive whole with its header is received
+it to its buffer and copies each frame out again (twice when more arrived behind it): up
+to three copies of every byte produced, each in a fresh allocation, which was a fifth of
+the event loop's time under large produce requests. Here a frame that did not arrive whole with its header is received
 straight into the buffer it is handed on in (the socket's one copy, through
 `BufferedProtocol`); small frames and headers go through a small stash of the
 connection's own and are copied out once. A frame is a writable bytearray, so the engine
