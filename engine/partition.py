@@ -229,11 +229,12 @@ class PartitionLog:
         """Assign offsets to one validated batch (`h`: its header) and append it to the
         active segment.
 
-        A writable batch (a view of a request frame the gateway read into a buffer of its
-        own) is patched in place and kept, a read-only one is copied first. Returns the
-        patched bytes (for the WAL buffer) and the header as stored.
+        A writable batch that is most of its buffer (a request frame the gateway read into
+        a buffer of its own) is patched in place and kept; any other is copied first, so
+        a small batch does not keep a large frame alive until the segment writes it.
+        Returns the patched bytes (for the WAL buffer) and the header as stored.
         """
-        data = batch if isinstance(batch, memoryview) and not batch.readonly else bytearray(batch)
+        data = batch if _most_of_a_writable_buffer(batch) else bytearray(batch)
         base = self.next_offset
         if self.active.size == 0:
             self.active_since_ms = now_ms
@@ -480,3 +481,13 @@ async def read_sealed(cache: RemoteCache, entry: SegmentEntry, offset: int, max_
         # The batches before the damage are served; the consumer's next fetch starts at
         # the damaged one and gets the error for it alone.
     return b"".join(intact)
+
+
+def _most_of_a_writable_buffer(batch: memoryview) -> bool:
+    """A batch to patch where it lies: a writable view of at least half of the buffer it
+    is in. A kept view keeps its whole buffer alive while the active segment holds it
+    unwritten (up to ActiveSegment.UNWRITTEN_LIMIT bytes of views), so that memory stays
+    at most twice what the views hold."""
+    if not isinstance(batch, memoryview) or batch.readonly:
+        return False
+    return 2 * batch.nbytes >= memoryview(batch.obj).nbytes

@@ -165,10 +165,11 @@ def test_acks_all_waits_for_the_wal_commit_and_not_longer(backends):
     run(backends, body)
 
 
-def test_a_batch_in_a_writable_buffer_is_patched_in_place_and_a_read_only_one_is_copied(backends):
+def test_a_batch_in_a_writable_buffer_is_patched_in_place_and_others_are_copied(backends):
     """The gateway reads request frames into buffers of its own, and the engine assigns
-    offsets in them instead of copying each batch; a batch in read-only memory is copied
-    first and left as it was. Both land in the log and the WAL object as stored."""
+    offsets in them instead of copying each batch; a batch in read-only memory, or a small
+    one in a large frame (which it would keep alive until the segment is written), is
+    copied first and left as it was. All land in the log and the WAL object as stored."""
 
     async def body(h):
         await h.create_topic("inplace", 1)
@@ -189,6 +190,13 @@ def test_a_batch_in_a_writable_buffer_is_patched_in_place_and_a_read_only_one_is
         wal = await h.objects.get(obj.key)
         r = obj.ranges[0]
         assert wal[r.position:r.position + r.length] == bytes(view)
+
+        third = batch(1, ts=h.clock.ms, tag="c")
+        large = bytearray(third + bytes(2 * len(third)))
+        assert (await send(engine, "inplace", 0, memoryview(large)[:len(third)], h.clock.ms)).base_offset == 5
+        assert large[:len(third)] == third  # copied, not patched
+        assert_stored(third, (await read_all(engine, "inplace", 0))[len(first) + len(second):],
+                      base_offset=5, leader_epoch=0)
 
     run(backends, body)
 
