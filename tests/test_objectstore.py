@@ -7,6 +7,8 @@ fault-injecting HTTP proxy between the store and moto.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import mmap
 import os
 import uuid
 
@@ -285,6 +287,57 @@ def test_file_store_links_a_put_file_on_the_same_file_system(tmp_path):
     source.unlink()
     assert asyncio.run(store.get("topics/t/0/segment.log")) == b"batches" * 1000
     assert [o.key for o in asyncio.run(store.list("topics/t/0/"))] == ["topics/t/0/segment.log"]
+
+
+def resident_pages(path) -> tuple[int, int]:
+    """(pages of the file in the page cache, pages of the file), from mincore(2)."""
+    size = os.path.getsize(path)
+    pages = -(-size // mmap.PAGESIZE)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
+    vector = ctypes.create_string_buffer(pages)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) as mapped:
+        start = ctypes.c_char.from_buffer(mapped)  # a private mapping: nothing is copied
+        try:
+            if libc.mincore(ctypes.addressof(start), size, vector) != 0:
+                raise OSError(ctypes.get_errno(), "mincore failed")
+        finally:
+            del start
+    return sum(b & 1 for b in vector.raw), pages
+
+
+@pytest.mark.unit
+@pytest.mark.skipif(not hasattr(os, "POSIX_FADV_DONTNEED"), reason="no posix_fadvise on this system")
+def test_file_store_puts_of_bytes_leave_the_page_cache_and_linked_files_stay(tmp_path):
+    # A WAL object is read back only by a recovery: once it is on disk its pages go, for
+    # the next put to reuse. A sealed segment linked in is the read cache: it stays.
+    control = tmp_path / "control"
+    control.write_bytes(os.urandom(MiB))
+    with open(control, "rb+") as f:
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    if resident_pages(control)[0]:
+        pytest.skip(f"the file system under {tmp_path} keeps clean pages it is advised to drop")
+    store = FileObjectStore(tmp_path / "objects")
+    source = tmp_path / "sealed.log"
+    source.write_bytes(os.urandom(MiB))
+
+    async def scenario():
+        data = os.urandom(MiB + 123)
+        await store.put("wal/1/1.wal", data)
+        await store.put("wal/1/2.wal", [data[:1000], memoryview(data)[1000:]])
+        await store.put_file("topics/t/0/segment.log", source)
+        assert await store.get("wal/1/1.wal") == data  # read back from the disk
+        assert await store.get("wal/1/2.wal") == data
+
+        # Nothing read the third: none of its pages is cached.
+        await store.put("wal/1/3.wal", [data[:1000], memoryview(data)[1000:]])
+
+    asyncio.run(scenario())
+    objects = tmp_path / "objects"
+    assert resident_pages(objects / "wal" / "1" / "3.wal") == (0, -(-(MiB + 123) // mmap.PAGESIZE))
+    cached, pages = resident_pages(objects / "topics" / "t" / "0" / "segment.log")
+    assert cached == pages == MiB // mmap.PAGESIZE
 
 
 @pytest.mark.unit

@@ -5,6 +5,15 @@ file in the target directory (its name starts with TMP_PREFIX, so listings skip 
 fsynced, renamed over the target, and the directory is fsynced, so a crash leaves either
 the old object or the whole new one. Deletes prune directories they leave empty; the files
 they delete become later puts' temporary files (see `spare_files`).
+
+A put of bytes leaves the page cache once it is on disk. Most such bytes are WAL objects,
+a gateway's every produced byte, which only a recovery reads back (the local segments
+cache what readers want); the rest are small (sidecars, manifests, snapshots) and a
+first read brings them back. Kept, a WAL's pages would stay until a collection pass
+frees thousands of objects' pages at once, and every put would then fill pages that had
+to be found anew; dropped at each put, they are reused by the next. A file put
+(`put_file`, a sealed segment linked from its local file) keeps its pages: they are the
+read cache.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ import builtins  # the stores have a method named list
 import asyncio
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -116,6 +126,7 @@ class FileObjectStore:
 
 
 _COPY_BUFFER = 1024 * 1024
+_DROP_CACHED = getattr(os, "POSIX_FADV_DONTNEED", None) if sys.platform == "linux" else None
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 
@@ -149,6 +160,8 @@ def _write_atomically(path: Path, data: ObjectData | Path, spares: SpareFiles) -
                 f.flush()
                 size = f.tell()
                 os.fsync(f.fileno())
+                if _DROP_CACHED is not None and not isinstance(data, Path):
+                    os.posix_fadvise(f.fileno(), 0, 0, _DROP_CACHED)  # module docstring
         os.replace(tmp, path)
     except BaseException:
         try:
