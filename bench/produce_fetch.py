@@ -8,6 +8,9 @@ same clients, same run, brokers alternating.
 
 Throughput is driven by `--clients` producer processes and `--consumers` consumer
 processes (one each by default; each consumer reads its share of the partitions).
+Beside each broker's CPU per GiB produced: the whole machine's (clients, broker and the
+kernel's own threads such as the disk's writeback), what the hypervisor stole from it, the
+bytes the disks wrote per byte produced and how busy the busiest disk was.
 `--profile FILE` samples the gateway with py-spy during each fetch run and splits its
 event loop's time by step; `--profile-produce FILE` does the same for each plain produce
 run, by the steps of bench/request_cost.py. Prints figures; never passes or fails on time.
@@ -29,6 +32,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -173,39 +177,82 @@ def start_discard() -> tuple[subprocess.Popen, int]:
     return proc, port
 
 
-def together(span, jobs) -> tuple[list, float]:
+@dataclass(frozen=True)
+class MachineUse:
+    """What the whole machine has spent so far: CPU seconds of every core (/proc/stat) busy
+    (every process, the kernel's own threads, interrupts), stolen by the hypervisor (time
+    the cores wanted and did not get) and idle; bytes its disks wrote and the seconds the
+    busiest disk was busy (/proc/diskstats)."""
+
+    busy: float
+    steal: float
+    idle: float
+    disk_written: int
+    disk_busy: float
+
+    @classmethod
+    def now(cls) -> "MachineUse":
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+        user, nice, system, idle, iowait, irq, softirq, steal = fields
+        tick = os.sysconf("SC_CLK_TCK")
+        written, busy_ms = 0, 0
+        disks = {d.name for d in Path("/sys/block").iterdir() if not d.name.startswith(("loop", "ram", "zram", "dm-"))}
+        for line in Path("/proc/diskstats").read_text().splitlines():
+            f = line.split()
+            if f[2] in disks:  # whole disks, not their partitions (counted in them)
+                written += int(f[9]) * 512
+                busy_ms = max(busy_ms, int(f[12]))
+        return cls((user + nice + system + irq + softirq) / tick, steal / tick, (idle + iowait) / tick,
+                   written, busy_ms / 1000)
+
+    def __sub__(self, other: "MachineUse") -> "MachineUse":
+        return MachineUse(self.busy - other.busy, self.steal - other.steal, self.idle - other.idle,
+                          self.disk_written - other.disk_written, self.disk_busy - other.disk_busy)
+
+
+def together(span, jobs) -> tuple[list, float, MachineUse]:
     """`span` run on each of `jobs(start_at)` in a process of its own, every process
     connected and ready before the clock starts at time.time() == start_at; the spans (each
-    (start, end, ...) in wall-clock seconds) and the seconds from start_at to the last end."""
+    (start, end, ...) in wall-clock seconds), the seconds from start_at to the last end, and
+    what the machine spent from start_at until every process had ended."""
     start_at = time.time() + 5
     work = jobs(start_at)
+    started: list[MachineUse] = []
+    clock = threading.Timer(start_at - time.time(), lambda: started.append(MachineUse.now()))
+    clock.start()
     with concurrent.futures.ProcessPoolExecutor(len(work), mp_context=multiprocessing.get_context("spawn")) as pool:
         spans = list(pool.map(span, work))
-    return spans, max(s[1] for s in spans) - start_at
+    ended = MachineUse.now()
+    clock.join()
+    return spans, max(s[1] for s in spans) - start_at, ended - started[0]
 
 
-def produce_throughput(bootstrap: str, topic: str, mib: int, partitions: int, *,
-                       idempotent: bool, conf: dict | None = None, clients: int = 1) -> tuple[float, float]:
-    """(MiB/s, records/s) of `clients` producer processes together (in this process when
-    one); `conf` adds client settings (security, for example)."""
+def produce_throughput(bootstrap: str, topic: str, mib: int, partitions: int, *, idempotent: bool,
+                       conf: dict | None = None, clients: int = 1) -> tuple[float, float, MachineUse | None]:
+    """(MiB/s, records/s, what the machine spent meanwhile) of `clients` producer processes
+    together (in this process when one: no machine figure); `conf` adds client settings
+    (security, for example)."""
     if clients > 1:
-        _, secs = together(_produce_span, lambda start_at: [
+        _, secs, machine = together(_produce_span, lambda start_at: [
             (bootstrap, topic, mib / clients, partitions, idempotent, conf, start_at, i) for i in range(clients)])
-        return mib / secs, mib * 1024 * 1024 / RECORD / secs
+        return mib / secs, mib * 1024 * 1024 / RECORD / secs, machine
     _, end = _produce_span((bootstrap, topic, mib, partitions, idempotent, conf, None, 0))
-    return mib / end, mib * 1024 * 1024 / RECORD / end
+    return mib / end, mib * 1024 * 1024 / RECORD / end, None
 
 
 def _produce_span(job) -> tuple[float, float]:
     """Produce `mib` from time.time() == start_at (or at once); (start, end) in wall-clock
     seconds, or (0, seconds taken) when started at once."""
     bootstrap, topic, mib, partitions, idempotent, conf, start_at, index = job
+    failed = []
+    # Only failed deliveries are reported: a Python callback per record cost the client
+    # about as much CPU as the broker spent on the record, on the cores they share.
     p = Producer({"bootstrap.servers": bootstrap, **(conf or {}), "linger.ms": 5, "batch.size": 1024 * 1024,
                   "acks": "all", "queue.buffering.max.kbytes": 262144,
-                  "message.max.bytes": 2 * 1024 * 1024, "enable.idempotence": idempotent})
+                  "message.max.bytes": 2 * 1024 * 1024, "enable.idempotence": idempotent,
+                  "delivery.report.only.error": True, "on_delivery": lambda e, m: failed.append(e)})
     payload = os.urandom(RECORD // 2).hex().encode()[:RECORD]
     n = int(mib * 1024 * 1024) // RECORD
-    failed = []
     if start_at is not None:
         p.list_topics(topic, timeout=30)
         time.sleep(max(0.0, start_at - time.time()))
@@ -213,8 +260,7 @@ def _produce_span(job) -> tuple[float, float]:
     for i in range(n):
         while True:
             try:
-                p.produce(topic, payload, partition=(i + index) % partitions,
-                          on_delivery=lambda e, m: e and failed.append(e))
+                p.produce(topic, payload, partition=(i + index) % partitions)
                 break
             except BufferError:
                 p.poll(0.01)
@@ -326,7 +372,7 @@ def fetch_throughput(bootstrap: str, topic: str, partitions: int, conf: dict | N
     """MiB/s of `consumers` consumer processes (in this process when one) reading the whole
     topic together, each its share of the partitions."""
     if consumers > 1:
-        spans, secs = together(_fetch_span, lambda start_at: [
+        spans, secs, _ = together(_fetch_span, lambda start_at: [
             (bootstrap, topic, partitions, conf, start_at, i, consumers) for i in range(consumers)])
         return sum(n for _, _, n in spans) / secs / 1024 / 1024
     _, secs, nbytes = _fetch_span((bootstrap, topic, partitions, conf, None, 0, 1))
@@ -366,14 +412,23 @@ def run_one(name: str, proc: subprocess.Popen, port: int, args, data_dir: Path |
         produce = functools.partial(produce_throughput, bootstrap, topic, args.mib, args.partitions,
                                     idempotent=idempotent, clients=args.clients)
         if args.profile_produce is None or data_dir is None or idempotent:
-            row[f"{label} MB/s"] = produce()[0]
+            row[f"{label} MB/s"], _, machine = produce()
         else:
             from request_cost import STEPS  # it imports common, which imports this module
 
-            (row[f"{label} MB/s"], _), row["produce profile"] = profiled(
+            (row[f"{label} MB/s"], _, machine), row["produce profile"] = profiled(
                 proc.pid, args.profile_produce, STEPS, args.mib / 1024, produce)
-        # The broker's CPU per byte: on two shared cores it sets the throughput.
-        row[f"{label} CPU s/GiB"] = (cpu_seconds(proc.pid) - spent) / (args.mib / 1024)
+        # The broker's CPU per byte: on two shared cores it sets the throughput, with what
+        # the clients and the kernel's own threads (the disk's writeback) spend beside it.
+        gib = args.mib / 1024
+        row[f"{label} CPU s/GiB"] = (cpu_seconds(proc.pid) - spent) / gib
+        if machine is not None:
+            row[f"{label} machine CPU s/GiB"] = machine.busy / gib
+            row[f"{label} stolen s/GiB"] = machine.steal / gib
+            # A durable broker writes what it is sent at least once, and the disk may be
+            # what bounds it: bytes written per byte produced, and the busiest disk's share.
+            row[f"{label} disk bytes per byte"] = machine.disk_written / (args.mib * 1024 * 1024)
+            row[f"{label} disk busy %"] = 100 * machine.disk_busy / (args.mib / row[f"{label} MB/s"])
     seen = {}
     for label, mbps, idem in LATENCY_CASES:
         p50, p99, delivered, summary = latency_case(bootstrap, proc.pid, http, mbps, idem)
@@ -487,7 +542,7 @@ def main() -> None:
     print(f"{'':<{width}} | " + " | ".join(f"{r['broker'][:13] + ' ' + str(r['run']):>16}" for r in rows))
     for key in keys:
         cells = [r[key] for r in rows]
-        digits = 2 if "CPU" in key else 1
+        digits = 2 if "s/GiB" in key or "per byte" in key else 1
         print(f"{key:<{width}} | " + " | ".join(f"{v:>16.{digits}f}" if isinstance(v, float) else f"{v:>16}"
                                                  for v in cells))
     print("\nas a fraction of the ceiling (the discard responder, same run):")
