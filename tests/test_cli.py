@@ -317,6 +317,28 @@ def _interrupt(member: subprocess.Popen) -> None:
     assert err == b""
 
 
+@pytest.mark.parametrize("ending, status", [("KeyboardInterrupt", 130), ("None", 0)])
+def test_a_consumer_that_never_closes_does_not_hold_the_command(ending, status):
+    # librdkafka's close can hang; the command still ends, with the status it was ending
+    # with, once CLOSE_TIMEOUT_S has passed.
+    script = f"""
+import threading, time
+from stratalog.infra.cli import consume
+consume.CLOSE_TIMEOUT_S = 0.5
+class Stuck:
+    def close(self):
+        threading.Event().wait()
+try:
+    if {ending} is not None:
+        raise {ending}
+finally:
+    consume._close(Stuck())
+"""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, timeout=60)
+    assert proc.returncode == status, proc.stderr.decode()
+    assert proc.stderr.decode() == "stratalog: the consumer did not close within 0.5s; exiting without it\n"
+
+
 def test_ctrl_c_exits_with_130(bootstrap):
     b = ["--bootstrap", bootstrap]
     topic = new_topic(bootstrap, 1)

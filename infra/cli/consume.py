@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import threading
 import time
 import uuid
 
@@ -17,6 +19,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from stratalog.infra.cli import EXIT_INTERRUPTED
 from stratalog.infra.cli.common import CliError, non_negative_int, positive_float, positive_int
 from stratalog.infra.cli.kafka import DEFAULT_TIMEOUT, Cluster, add_connection_options, reason
 
@@ -37,6 +40,9 @@ _STOP = {
 }
 # Poll in short slices so Ctrl-C is noticed promptly.
 _POLL_SLICE = 0.2
+# How long the consumer may take to close (commit, leave its group): librdkafka's close can
+# hang (confluentinc/confluent-kafka-python#1573), and Ctrl-C must still end the command.
+CLOSE_TIMEOUT_S = 10.0
 ISOLATION_LEVELS = ("read_uncommitted", "read_committed")
 DEFAULT_ISOLATION_LEVEL = "read_uncommitted"
 
@@ -239,5 +245,33 @@ def run(args: argparse.Namespace) -> int:
         finally:
             session.commit()
     finally:
-        consumer.close()
+        _close(consumer)
     return 0
+
+
+def _close(consumer) -> None:
+    """Close the consumer on a thread of its own; past CLOSE_TIMEOUT_S, leave it there and
+    end the process at once (its finalizer would only try again) with the status the
+    command was ending with."""
+    closed = threading.Event()
+    failed: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            consumer.close()
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            failed.append(exc)
+        finally:
+            closed.set()
+
+    threading.Thread(target=close, name="consumer-close", daemon=True).start()
+    if closed.wait(CLOSE_TIMEOUT_S):
+        if failed:
+            raise failed[0]
+        return
+    ending = sys.exc_info()[1]
+    status = EXIT_INTERRUPTED if isinstance(ending, KeyboardInterrupt) else (0 if ending is None else 1)
+    sys.stdout.flush()
+    print(f"stratalog: the consumer did not close within {CLOSE_TIMEOUT_S:g}s; exiting without it",
+          file=sys.stderr, flush=True)
+    os._exit(status)
