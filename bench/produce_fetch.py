@@ -180,20 +180,19 @@ def start_discard() -> tuple[subprocess.Popen, int]:
 @dataclass(frozen=True)
 class MachineUse:
     """What the whole machine has spent so far: CPU seconds of every core (/proc/stat) busy
-    (every process, the kernel's own threads, interrupts), stolen by the hypervisor (time
-    the cores wanted and did not get) and idle; bytes its disks wrote and the seconds the
-    busiest disk was busy (/proc/diskstats)."""
+    (every process, the kernel's own threads, interrupts) and stolen by the hypervisor (time
+    the cores wanted and did not get); bytes its disks wrote and the seconds the busiest
+    disk was busy (/proc/diskstats)."""
 
     busy: float
     steal: float
-    idle: float
     disk_written: int
     disk_busy: float
 
     @classmethod
     def now(cls) -> "MachineUse":
         fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-        user, nice, system, idle, iowait, irq, softirq, steal = fields
+        user, nice, system, _idle, _iowait, irq, softirq, steal = fields
         tick = os.sysconf("SC_CLK_TCK")
         written, busy_ms = 0, 0
         disks = {d.name for d in Path("/sys/block").iterdir() if not d.name.startswith(("loop", "ram", "zram", "dm-"))}
@@ -202,11 +201,10 @@ class MachineUse:
             if f[2] in disks:  # whole disks, not their partitions (counted in them)
                 written += int(f[9]) * 512
                 busy_ms = max(busy_ms, int(f[12]))
-        return cls((user + nice + system + irq + softirq) / tick, steal / tick, (idle + iowait) / tick,
-                   written, busy_ms / 1000)
+        return cls((user + nice + system + irq + softirq) / tick, steal / tick, written, busy_ms / 1000)
 
     def __sub__(self, other: "MachineUse") -> "MachineUse":
-        return MachineUse(self.busy - other.busy, self.steal - other.steal, self.idle - other.idle,
+        return MachineUse(self.busy - other.busy, self.steal - other.steal,
                           self.disk_written - other.disk_written, self.disk_busy - other.disk_busy)
 
 

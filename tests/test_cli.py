@@ -322,7 +322,7 @@ def test_a_consumer_that_never_closes_does_not_hold_the_command(ending, status):
     # librdkafka's close can hang; the command still ends, with the status it was ending
     # with, once CLOSE_TIMEOUT_S has passed.
     script = f"""
-import threading, time
+import threading
 from stratalog.infra.cli import consume
 consume.CLOSE_TIMEOUT_S = 0.5
 class Stuck:
