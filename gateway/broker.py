@@ -404,12 +404,17 @@ class Broker:
         one has not seen register: the membership is otherwise read once per cluster tick,
         which a tick busy recovering partitions can stretch to seconds. A Metadata answer
         then names the new leader instead of none, which librdkafka keeps: its watermark
-        and offset lookups do not ask again for a partition it holds leaderless."""
+        and offset lookups do not ask again for a partition it holds leaderless. With the
+        coordinator out of reach the answer uses the live set last read: failing the request
+        would close the client's connection, and with it every produce request waiting on it."""
         live = self.membership.live
         for info in infos:
             for st in self.table.states.get(info.topic_id, {}).values():
                 if st.leader >= 0 and st.leader not in live:
-                    await self.membership.refresh()
+                    try:
+                        await self.membership.refresh()
+                    except CoordinatorUnavailable as e:
+                        log.debug("Metadata answered with the live gateways last read: %s", e)
                     return
 
     async def partition_states(self, info: TopicInfo) -> dict[int, PartitionState]:

@@ -493,6 +493,45 @@ class GroupConsumer(threading.Thread):
             self.consumer.close()
 
 
+def _high_watermarks(c: Consumer, topic: str, partitions: int, deadline: float,
+                     unanswered: int | None = None) -> dict[int, int]:
+    ends = {}
+    for p in range(partitions):
+        while True:
+            try:
+                _, ends[p] = c.get_watermark_offsets(
+                    TopicPartition(topic, p), timeout=min(15, max(1, deadline - time.monotonic())))
+                break
+            except KafkaException:
+                # Right after a restart leadership may still be moving (no leader yet, or
+                # not the leader any more); only a failure that outlasts the deadline is
+                # one. librdkafka's watermark lookup does not ask for metadata again for a
+                # partition it holds leaderless: asked here.
+                if time.monotonic() > deadline:
+                    if unanswered is None:
+                        raise
+                    ends[p] = unanswered
+                    break
+                time.sleep(0.5)
+                try:
+                    c.list_topics(topic, timeout=5)
+                except KafkaException:
+                    pass
+    return ends
+
+
+def high_watermarks(bootstrap: str, topic: str, partitions: int, timeout: float = 30, *,
+                    unanswered: int | None = None) -> dict[int, int]:
+    """Each partition's high watermark as its leader answers ListOffsets (latest). A
+    partition no leader answers for within `timeout` raises, or gets `unanswered`."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"hw-{uuid.uuid4().hex[:6]}",
+                  "enable.auto.commit": False, "logger": QUIET})
+    try:
+        return _high_watermarks(c, topic, partitions, time.monotonic() + timeout, unanswered)
+    finally:
+        c.close()
+
+
 def read_everything(bootstrap: str, topic: str, partitions: int, timeout: float = 60
                     ) -> dict[int, list[tuple[int, bytes]]]:
     """Every record of every partition up to its high watermark, read by a fresh assigned
@@ -500,25 +539,8 @@ def read_everything(bootstrap: str, topic: str, partitions: int, timeout: float 
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"verify-{uuid.uuid4().hex[:6]}",
                   "enable.auto.commit": False, "enable.partition.eof": True, "logger": QUIET})
     try:
-        ends = {}
         deadline = time.monotonic() + timeout
-        for p in range(partitions):
-            while True:
-                try:
-                    _, ends[p] = c.get_watermark_offsets(TopicPartition(topic, p), timeout=15)
-                    break
-                except KafkaException:
-                    # Right after a restart leadership may still be moving (no leader yet,
-                    # or not the leader any more); only a failure that outlasts the whole
-                    # read is one. librdkafka's watermark lookup does not ask for metadata
-                    # again for a partition it holds leaderless: asked here.
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.5)
-                    try:
-                        c.list_topics(topic, timeout=5)
-                    except KafkaException:
-                        pass
+        ends = _high_watermarks(c, topic, partitions, deadline)
         c.assign([TopicPartition(topic, p, 0) for p in range(partitions) if ends[p] > 0])
         out: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(partitions)}
         remaining = {p for p in range(partitions) if ends[p] > 0}

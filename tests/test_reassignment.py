@@ -250,15 +250,19 @@ def test_the_controller_completes_a_reassignment_when_the_new_gateway_registers(
     asyncio.run(run())
 
 
-def with_late_registrations(tmp_path, check) -> None:
-    """Run `check(broker, store)` on gateway 1 (embedded coordinator) after gateways 2 and 3
-    registered without gateway 1 reading the live set since."""
+def with_late_registrations(tmp_path, check, etcd_server=None) -> None:
+    """Run `check(broker, store)` on gateway 1 (embedded coordinator, or `etcd_server`) after
+    gateways 2 and 3 registered without gateway 1 reading the live set since."""
     from stratalog.gateway.broker import Broker
     from stratalog.gateway.config import BrokerConfig
     from stratalog.tiering.objectstore import open_store
 
     async def run():
-        store = KVClusterStore(EmbeddedKV(tmp_path / "coord"))
+        if etcd_server is None:
+            store = KVClusterStore(EmbeddedKV(tmp_path / "coord"))
+        else:
+            from stratalog.coordinator.etcd import EtcdKV
+            store = KVClusterStore(EtcdKV([etcd_server.endpoint]), f"late-{uuid.uuid4().hex[:8]}")
         broker = Broker(BrokerConfig(), node_id=1, advertised=("127.0.0.1", 1), data_dir=tmp_path / "data",
                         store=store, objects=open_store((tmp_path / "objects").as_uri()))
         try:
@@ -309,6 +313,28 @@ def test_metadata_names_a_leader_registered_since_the_last_refresh(tmp_path):
         assert sorted((p.leader_id, p.error_code) for p in topic.partitions) == [(1, 0), (2, 0), (3, 0)]
 
     with_late_registrations(tmp_path, check)
+
+
+def test_metadata_is_answered_while_the_coordinator_is_down(tmp_path, etcd):
+    """A partition led by a gateway missing from the live set last read makes Metadata read
+    it again; with etcd stopped the answer uses the live set it has (that leader unnamed)
+    instead of failing, which closed the client's connection and with it every produce
+    request in flight there (seen in test_chaos's etcd outage)."""
+    from stratalog.gateway.protocol.catalog import ApiKey
+    from test_dispatch import answer  # type: ignore
+
+    async def check(broker, store):
+        await store.create_topic("t", 2, 1, {}, assigned_states({0: (1,), 1: (2,)}))
+        await broker.look_up_topics(["t"])
+        etcd.stop()
+        assert sorted(broker.membership.live) == [1]
+        resp = await answer(broker, ApiKey.METADATA, 12, {"topics": [{"name": "t"}]})
+        assert [b.node_id for b in resp.brokers] == [1]
+        (topic,) = resp.topics
+        assert topic.error_code == 0
+        assert sorted((p.partition_index, p.leader_id) for p in topic.partitions) == [(0, 1), (1, -1)]
+
+    with_late_registrations(tmp_path, check, etcd_server=etcd)
 
 
 @pytest.mark.unit

@@ -572,7 +572,7 @@ def _conjuncts() -> st.SearchStrategy:
 
 QUERIES = st.lists(_conjuncts(), min_size=0, max_size=4)
 # Each example runs its query twice (pushdown on and off): about half a second here.
-EXAMPLES_PER_STORE = 200
+EXAMPLES_PER_STORE = 100
 
 
 def _check_queries(spark, cluster) -> None:
