@@ -253,16 +253,13 @@ def test_the_controller_completes_a_reassignment_when_the_new_gateway_registers(
 def with_late_registrations(tmp_path, check, etcd_server=None) -> None:
     """Run `check(broker, store)` on gateway 1 (embedded coordinator, or `etcd_server`) after
     gateways 2 and 3 registered without gateway 1 reading the live set since."""
+    from stratalog.coordinator import open_coordinator
     from stratalog.gateway.broker import Broker
     from stratalog.gateway.config import BrokerConfig
     from stratalog.tiering.objectstore import open_store
 
     async def run():
-        if etcd_server is None:
-            store = KVClusterStore(EmbeddedKV(tmp_path / "coord"))
-        else:
-            from stratalog.coordinator.etcd import EtcdKV
-            store = KVClusterStore(EtcdKV([etcd_server.endpoint]), f"late-{uuid.uuid4().hex[:8]}")
+        store = open_coordinator(etcd_server.url if etcd_server else None, tmp_path / "coord")
         broker = Broker(BrokerConfig(), node_id=1, advertised=("127.0.0.1", 1), data_dir=tmp_path / "data",
                         store=store, objects=open_store((tmp_path / "objects").as_uri()))
         try:
