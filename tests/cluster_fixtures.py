@@ -370,12 +370,31 @@ class ProducerLoad(threading.Thread):
         with self._lock:
             return len(self.acks)
 
+    def unanswered(self) -> dict[int, tuple[int, int]]:
+        """Per partition with records not yet reported: (its first such record's number,
+        how many), which says after a stuck flush which partitions stopped and where."""
+        with self._lock:
+            reported = defaultdict(set)
+            for a in self.acks:
+                reported[a.partition].add(decode(a.value)[2])
+            for value, _ in self.failed:
+                _, partition, seq = decode(value)
+                reported[partition].add(seq)
+        missing = {}
+        for partition, sent in self._seq.items():
+            gaps = [seq for seq in range(sent) if seq not in reported[partition]]
+            if gaps:
+                missing[partition] = (gaps[0], len(gaps))
+        return missing
+
 
 def stop_and_check_producers(producers: list[ProducerLoad], flush_timeout: float = 120) -> None:
     """Drain every producer and check that each record it sent was acknowledged: nothing
     outstanding, failed, refused at produce() or fatal."""
     outstanding = [p.stop(flush_timeout) for p in producers]
-    assert not any(outstanding), f"delivery reports still outstanding: {outstanding}"
+    assert not any(outstanding), \
+        f"delivery reports still outstanding: {outstanding}; per producer, partition: " \
+        f"(first unreported record, how many): {[p.unanswered() for p in producers]}"
     for p in producers:
         assert not p.fatal, f"producer {p.producer_id} hit a fatal error: {p.fatal}"
         assert not p.produce_errors, f"producer {p.producer_id}: {p.produce_errors[:3]}"
