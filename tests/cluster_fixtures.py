@@ -374,15 +374,11 @@ class ProducerLoad(threading.Thread):
         """Per partition with records not yet reported: (its first such record's number,
         how many), which says after a stuck flush which partitions stopped and where."""
         with self._lock:
-            reported = defaultdict(set)
-            for a in self.acks:
-                reported[a.partition].add(decode(a.value)[2])
-            for value, _ in self.failed:
-                _, partition, seq = decode(value)
-                reported[partition].add(seq)
+            values = [a.value for a in self.acks] + [value for value, _ in self.failed]
+        reported = {(partition, seq) for _, partition, seq in map(decode, values)}
         missing = {}
         for partition, sent in self._seq.items():
-            gaps = [seq for seq in range(sent) if seq not in reported[partition]]
+            gaps = [seq for seq in range(sent) if (partition, seq) not in reported]
             if gaps:
                 missing[partition] = (gaps[0], len(gaps))
         return missing
