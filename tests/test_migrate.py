@@ -395,7 +395,7 @@ def test_migrate_an_embedded_installation_to_etcd_and_s3(gateway_factory, etcd, 
     assert main(_migrate_args(data_dir, etcd.url, moto_s3)) == 0
     out = capsys.readouterr().out
     assert "(resumed)" in out and "objects: 0 copied" in out and "migrated" in out, out
-    # The file store's own listing: the spare files a WAL collection pass keeps are no objects.
+    # The file store's own listing: its temporary files are no objects.
     objects = {o.key for o in list_files(data_dir / "objects", "")}
     assert set(moto_s3.keys()) == objects | {"migration.json"}
     assert main(_migrate_args(data_dir, etcd.url, moto_s3)) == 0

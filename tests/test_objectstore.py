@@ -21,7 +21,6 @@ from stratalog.tiering.objectstore import ObjectNotFound, ObjectStoreError, open
 from stratalog.tiering.errors import CorruptObject
 from stratalog.tiering.objectstore.base import ObjectInfo, check_crc32c, crc32c_checksum
 from stratalog.tiering.objectstore.file import FileObjectStore
-from stratalog.tiering.objectstore.spare_files import SPARE_DIR
 from stratalog.tiering.objectstore.s3 import S3ObjectStore
 
 MiB = 1024 * 1024
@@ -341,31 +340,6 @@ def test_file_store_puts_of_bytes_leave_the_page_cache_and_linked_files_stay(tmp
 
 
 @pytest.mark.unit
-def test_file_store_reuses_deleted_files_for_later_puts(tmp_path):
-    # A deleted object's file becomes the next put's file (no inode allocated or freed), is
-    # emptied first, and is never listed or read as an object meanwhile.
-    root = tmp_path / "objects"
-
-    async def scenario():
-        store = FileObjectStore(root)
-        await store.put("wal/1/0001.wal", b"old bytes " * 1000)
-        inode = (root / "wal" / "1" / "0001.wal").stat().st_ino
-        await store.delete(["wal/1/0001.wal"])
-        assert [o.key for o in await store.list("")] == []
-        with pytest.raises(ObjectNotFound):
-            await store.get("wal/1/0001.wal")
-        await store.put("wal/1/0002.wal", b"new")
-        assert (root / "wal" / "1" / "0002.wal").stat().st_ino == inode
-        assert await store.get("wal/1/0002.wal") == b"new"
-        assert [(o.key, o.size) for o in await store.list("")] == [("wal/1/0002.wal", 3)]
-        # none left: a put creates a file
-        await store.put("wal/1/0003.wal", b"third")
-        assert (root / "wal" / "1" / "0003.wal").stat().st_ino != inode
-
-    asyncio.run(scenario())
-
-
-@pytest.mark.unit
 def test_file_store_never_reuses_a_file_another_name_links(tmp_path):
     # A sealed segment's object is a hard link to the local file: deleting the object must
     # not empty or take the local file.
@@ -386,49 +360,49 @@ def test_file_store_never_reuses_a_file_another_name_links(tmp_path):
 
 
 @pytest.mark.unit
-def test_file_store_spare_files_are_bounded_and_shared_safely(tmp_path):
-    # Two stores on one root (two processes) each take a spare by renaming it away, so no
-    # two objects ever share a file, even when both remember the same spares; past the
-    # bound, deleted files are unlinked.
+def test_a_reader_of_a_deleted_object_still_reads_all_of_its_bytes(tmp_path):
+    # The JVM Spark reader reads an object through one open file, a chunk at a time, and
+    # migrate copies beside a gateway collecting WAL objects: a delete and the puts after it
+    # must leave an open object's bytes as they were (CI once read 0 of a WAL object's 580
+    # bytes when deleted files were emptied and written again by later puts).
     root = tmp_path / "objects"
+    data = os.urandom(580)
 
     async def scenario():
-        first = FileObjectStore(root)
-        await asyncio.gather(*(first.put(f"a/{i}", b"x" * 100) for i in range(8)))
-        await first.delete([f"a/{i}" for i in range(8)])
-        assert len(os.listdir(root / SPARE_DIR)) == 8
-        second = FileObjectStore(root)  # reads the same eight names
-        await asyncio.gather(*(store.put(f"b/{n}{i}", f"{n}{i}".encode())
-                               for i in range(6) for n, store in (("p", first), ("q", second))))
-        inodes = {(root / "b" / f"{n}{i}").stat().st_ino for i in range(6) for n in "pq"}
-        assert len(inodes) == 12
-        for i in range(6):
-            assert await second.get(f"b/p{i}") == f"p{i}".encode()
-            assert await first.get(f"b/q{i}") == f"q{i}".encode()
-        assert os.listdir(root / SPARE_DIR) == []
-
-        bounded = FileObjectStore(root)
-        bounded._spares.kept = 3
-        await bounded.delete([f"b/p{i}" for i in range(6)])
-        assert len(os.listdir(root / SPARE_DIR)) == 3
-        assert [o.key for o in await bounded.list("b/")] == [f"b/q{i}" for i in range(6)]
+        store = FileObjectStore(root)
+        await store.put("wal/1/16.wal", data)
+        with open(root / "wal" / "1" / "16.wal", "rb", buffering=0) as reader:  # reads what is there
+            first = reader.read(100)
+            await store.delete(["wal/1/16.wal"])
+            await asyncio.gather(*(store.put(f"wal/1/{n}.wal", os.urandom(580)) for n in range(17, 40)))
+            assert first + reader.read() == data
+        with pytest.raises(ObjectNotFound):
+            await store.get("wal/1/16.wal")
 
     asyncio.run(scenario())
 
 
 @pytest.mark.unit
-def test_file_store_overwrites_a_spare_left_with_bytes(tmp_path):
-    # A process that died between keeping a file and emptying it leaves the old bytes in a
-    # spare: the put that takes it still writes exactly its own.
+def test_file_store_removes_the_files_an_earlier_version_kept(tmp_path):
+    # Versions of 2026-11-27 to 12-02 kept deleted objects' files under .tmp-spare (one may
+    # still hold bytes, its process gone before emptying it): no put takes them, no listing
+    # shows them, and the first delete removes them.
     root = tmp_path / "objects"
-    (root / SPARE_DIR).mkdir(parents=True)
-    (root / SPARE_DIR / ".tmp-left").write_bytes(b"stale " * 1000)
+    left = root / ".tmp-spare"
+    left.mkdir(parents=True)
+    (left / ".tmp-stale").write_bytes(b"stale " * 1000)
+    (left / ".tmp-empty").touch()
+    kept = {f.stat().st_ino for f in left.iterdir()}
 
     async def scenario():
         store = FileObjectStore(root)
         await store.put("k", b"short")
+        assert (root / "k").stat().st_ino not in kept
+        assert await store.get("k") == b"short" and await store.size("k") == 5
+        assert [o.key for o in await store.list("")] == ["k"]
+        await store.delete(["absent"])
+        assert not left.exists()
         assert await store.get("k") == b"short"
-        assert await store.size("k") == 5
 
     asyncio.run(scenario())
 

@@ -3,8 +3,11 @@
 A key `a/b/c` is the file `<root>/a/b/c`. Puts are atomic: the bytes go to a temporary
 file in the target directory (its name starts with TMP_PREFIX, so listings skip it), are
 fsynced, renamed over the target, and the directory is fsynced, so a crash leaves either
-the old object or the whole new one. Deletes prune directories they leave empty; the files
-they delete become later puts' temporary files (see `spare_files`).
+the old object or the whole new one. Deletes unlink the object's file and prune directories
+they leave empty. A reader that opened an object before its delete keeps reading all of its
+bytes: the file lives on until that reader closes it, and no put ever writes into it. The
+JVM Spark reader keeps an object open across its reads, and `stratalog migrate` copies
+beside a gateway that collects WAL objects meanwhile; both rely on that.
 
 A put of bytes leaves the page cache once it is on disk. Most such bytes are WAL objects,
 a gateway's every produced byte, which only a recovery reads back (the local segments
@@ -36,7 +39,12 @@ from stratalog.tiering.objectstore.base import (
     data_size,
     new_stats,
 )
-from stratalog.tiering.objectstore.spare_files import TMP_PREFIX, SpareFiles
+
+TMP_PREFIX = ".tmp-"
+# Where versions of 2026-11-27 to 2026-12-02 kept deleted objects' files, emptied, for later
+# puts to write into; a reader holding one open then read its bytes vanish, or another
+# object's. The first delete removes what such a version left.
+_LEFT_SPARES = TMP_PREFIX + "spare"
 
 
 class FileObjectStore:
@@ -51,7 +59,7 @@ class FileObjectStore:
         self.root = root
         self.url = root.as_uri()
         self.stats = new_stats()
-        self._spares = SpareFiles(root)
+        self._spares_left = (root / _LEFT_SPARES).is_dir()
 
     def __repr__(self) -> str:
         return f"FileObjectStore({str(self.root)!r})"
@@ -75,7 +83,7 @@ class FileObjectStore:
         """Write a whole object; visible to readers only once complete."""
         path = self._path(key)
         self.stats["put"] += 1
-        await self._run(f"put {key}", _write_atomically, path, data, self._spares)
+        await self._run(f"put {key}", _write_atomically, path, data)
         self.stats["bytes_out"] += data_size(data)
 
     async def put_file(self, key: str, path: Path) -> None:
@@ -84,7 +92,7 @@ class FileObjectStore:
         through a small buffer."""
         target = self._path(key)
         self.stats["put"] += 1
-        size = await self._run(f"put {key}", _write_atomically, target, Path(path), self._spares)
+        size = await self._run(f"put {key}", _write_atomically, target, Path(path))
         self.stats["bytes_out"] += size
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
@@ -119,7 +127,10 @@ class FileObjectStore:
         await self._run("delete", self._delete_keys, keys)
 
     def _delete_keys(self, keys: builtins.list[str]) -> None:
-        _delete_files(self.root, [self._path(k) for k in keys], self._spares)
+        if self._spares_left:
+            shutil.rmtree(self.root / _LEFT_SPARES, ignore_errors=True)  # deleted objects' files
+            self._spares_left = False
+        _delete_files(self.root, [self._path(k) for k in keys])
 
     async def close(self) -> None:
         """Nothing to release."""
@@ -130,7 +141,7 @@ _DROP_CACHED = getattr(os, "POSIX_FADV_DONTNEED", None) if sys.platform == "linu
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 
-def _write_atomically(path: Path, data: ObjectData | Path, spares: SpareFiles) -> int:
+def _write_atomically(path: Path, data: ObjectData | Path) -> int:
     """Write `data` (or copy the file at that Path) to `path`: durable, and visible only
     once complete. Returns the bytes written."""
     # A concurrent delete may prune the directory between mkdir and taking the temporary
@@ -138,8 +149,7 @@ def _write_atomically(path: Path, data: ObjectData | Path, spares: SpareFiles) -
     for attempt in range(5):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            # A file to be linked replaces the temporary one, so it takes a new one.
-            fd, tmp = _temporary_file(path.parent, None if isinstance(data, Path) else spares)
+            fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=path.parent)
             break
         except FileNotFoundError:
             if attempt == 4:
@@ -185,15 +195,6 @@ def _write_parts(fd: int, parts: list) -> None:
             first += 1
         if done:  # a short write: go on from the first byte not written
             views[first] = views[first][done:]
-
-
-def _temporary_file(directory: Path, spares: SpareFiles | None) -> tuple[int, str]:
-    """An empty file in `directory` open for writing, and its path: a spare when there is
-    one (emptied: it may hold a deleted object's bytes), else a new one."""
-    tmp = spares.claim(directory) if spares is not None else None
-    if tmp is None:
-        return tempfile.mkstemp(prefix=TMP_PREFIX, dir=directory)
-    return os.open(tmp, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC), tmp
 
 
 def _linked(source: Path, tmp: str) -> bool:
@@ -290,12 +291,11 @@ def _list_files(root: Path, directory: str, prefix: str) -> list[ObjectInfo]:
     return found
 
 
-def _delete_files(root: Path, paths: list[Path], spares: SpareFiles) -> None:
+def _delete_files(root: Path, paths: list[Path]) -> None:
     parents: set[Path] = set()
     for path in paths:
         try:
-            if not spares.keep(path):
-                path.unlink()
+            path.unlink()
         except FileNotFoundError:
             continue
         except IsADirectoryError:  # a "directory" is not an object: nothing to delete
