@@ -19,7 +19,7 @@ refuses new batches (never appended, so a client's retry cannot duplicate them),
 acks=all producers waiting for batches already appended are told `WalCommitDelayed` (the
 batches may still be committed once the store is back, so the answer must be a timeout,
 which an idempotent producer's retry and sequence check cover). The first flush that
-succeeds ends the fault.
+succeeds or is fenced (an answer too) ends the fault.
 
 Every object also confirms the commits before it (tiering.wal: the confirmation range):
 the sequences of this gateway's objects the coordinator accepted and has not collected,
@@ -232,6 +232,10 @@ class WalWriter:
             epochs = p.epochs
             await self._retry("commit", lambda: self.store.commit_wal(obj, epochs))
         except Fenced as e:
+            # The coordinator answered, so the storage works: a fault declared while this
+            # flush was retried ends here. Left standing, it would refuse every batch, and
+            # with none appended no flush would ever come to end it.
+            self._recovered()
             # Batches queued behind this object carry offsets that follow the failed ones:
             # committing them would leave a hole, so they fail too.
             queued, self._pending = self._pending, _Pending()
@@ -315,12 +319,12 @@ class WalWriter:
         exc = WalCommitDelayed(f"the batch is not committed yet and may still be: {reason}")
         waits = sum(p.stop_waiting(exc) for p in (self._flushing, self._pending) if p is not None)
         log.error("storage failed: %s; refusing produce with KAFKA_STORAGE_ERROR until a flush "
-                  "succeeds (%d waiting producers told to retry; their batches are kept)", reason, waits)
+                  "succeeds or is fenced (%d waiting producers told to retry; their batches are kept)", reason, waits)
 
     def _recovered(self) -> None:
         if self._failing_since is not None:
             if self.fault is not None:
-                log.warning("storage back: WAL flushes succeed again after %.1fs",
+                log.warning("storage back: the WAL's store and coordinator answer again after %.1fs",
                             self.clock() - self._failing_since)
             self._failing_since = None
             self.fault = None

@@ -185,7 +185,7 @@ BROKER_SETTINGS: dict[str, Setting] = {s.name: s for s in [
     _s("ssl.principal.mapping.rules", "DEFAULT", _str, "RULE:pattern/replacement/[LU],...,DEFAULT: a client certificate's subject to a user name."),
     _s("wal.flush.ms", -1, _int32, "Least time between the starts of two WAL flushes (a flush starts once the previous one is done and batches wait); -1: 200 for s3://, 0 for file:// (group commit, one fsync after another).", -1),
     _s("wal.flush.bytes", 8 * MiB, _int32, "Flush the WAL buffer once it holds this many bytes.", 1),
-    _s("wal.fault.timeout.ms", 5_000, _int32, "A WAL flush failing this long (no space, no permission, the store or coordinator down) fails storage: produce is answered KAFKA_STORAGE_ERROR (producers waiting: REQUEST_TIMED_OUT) and /readyz says why, until a flush succeeds.", 1),
+    _s("wal.fault.timeout.ms", 5_000, _int32, "A WAL flush failing this long (no space, no permission, the store or coordinator down) fails storage: produce is answered KAFKA_STORAGE_ERROR (producers waiting: REQUEST_TIMED_OUT) and /readyz says why, until a flush succeeds (or is fenced: the coordinator answered).", 1),
     _s("shutdown.timeout.ms", 30_000, _int32, "SIGTERM ends the gateway within this long: what is still running then (a WAL flush against a failing store, a recovery, a partition creation) is abandoned and logged.", 1),
     _s("s3.connect.timeout.ms", 10_000, _int32, "S3 connection timeout per attempt.", 1),
     _s("s3.read.timeout.ms", 60_000, _int32, "S3 response timeout per attempt; a stalled request is retried after it.", 1),

@@ -535,16 +535,36 @@ def _high_watermarks(c: Consumer, topic: str, partitions: int, deadline: float,
     return ends
 
 
+class WatermarkReader:
+    """A consumer kept open for high-watermark lookups. One that looked up before an outage
+    of the coordinator asks the leaders it knows at once; a new one first bootstraps and
+    asks for metadata, which a busy machine can stretch past a short deadline."""
+
+    def __init__(self, bootstrap: str):
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"hw-{uuid.uuid4().hex[:6]}",
+                                  "enable.auto.commit": False, "logger": QUIET})
+
+    def read(self, topic: str, partitions: int, timeout: float = 30, *,
+             unanswered: int | None = None) -> dict[int, int]:
+        """Each partition's high watermark as its leader answers ListOffsets (latest). A
+        partition no leader answers for within `timeout` raises, or gets `unanswered`."""
+        return _high_watermarks(self.consumer, topic, partitions, time.monotonic() + timeout, unanswered)
+
+    def close(self) -> None:
+        self.consumer.close()
+
+    def __enter__(self) -> "WatermarkReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def high_watermarks(bootstrap: str, topic: str, partitions: int, timeout: float = 30, *,
                     unanswered: int | None = None) -> dict[int, int]:
-    """Each partition's high watermark as its leader answers ListOffsets (latest). A
-    partition no leader answers for within `timeout` raises, or gets `unanswered`."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"hw-{uuid.uuid4().hex[:6]}",
-                  "enable.auto.commit": False, "logger": QUIET})
-    try:
-        return _high_watermarks(c, topic, partitions, time.monotonic() + timeout, unanswered)
-    finally:
-        c.close()
+    """`WatermarkReader.read` by a reader of its own."""
+    with WatermarkReader(bootstrap) as reader:
+        return reader.read(topic, partitions, timeout, unanswered=unanswered)
 
 
 def read_everything(bootstrap: str, topic: str, partitions: int, timeout: float = 60

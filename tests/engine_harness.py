@@ -131,13 +131,15 @@ class Harness:
         return EngineSettings(**values)
 
     async def start_engine(self, node_id: int = 1, data_dir: Path | None = None, *,
-                           objects: ObjectStore | None = None, **settings) -> LogEngine:
-        """A started engine over this harness's clients (or `objects`, a wrapper of them)."""
+                           objects: ObjectStore | None = None, store: KVClusterStore | None = None,
+                           **settings) -> LogEngine:
+        """A started engine over this harness's clients (or `objects` and `store`, wrappers
+        of them)."""
         if data_dir is None:
             self._data_dirs += 1
             data_dir = self.backends.tmp_path / f"node{node_id}-{self._data_dirs}"
         engine = LogEngine(self.settings(**settings), node_id=node_id, data_dir=data_dir,
-                           store=self.store, objects=objects or self.objects, topic_info=self.topics.get,
+                           store=store or self.store, objects=objects or self.objects, topic_info=self.topics.get,
                            topic_config=self.topic_config, clock=self.clock)
         self.engines.append(engine)
         await engine.start()

@@ -11,9 +11,9 @@ import pytest
 
 from cluster_fixtures import (  # noqa: F401 - etcd and moto_s3 are fixtures
     GroupConsumer, ProducerLoad, bootstrap_of, check_group, check_log, coordinator_snapshot,
-    create_topic, etcd, fault_proxy, group_committed, high_watermarks, leaders, log_clients_to, moto_s3,
+    create_topic, etcd, fault_proxy, group_committed, leaders, log_clients_to, moto_s3,
     orphaned_objects, read_everything, restart_all, start_cluster, stop_and_check_producers, try_leaders, unique_topic,
-    wait_for)
+    wait_for, WatermarkReader)
 from s3_fault_proxy import FaultRule
 from stratalog.tiering.batch import scan_batches
 from stratalog.tiering.layout import parse_wal_key
@@ -104,17 +104,19 @@ def test_etcd_outage_stops_acks_all_until_it_is_back(etcd, moto_s3, gateway_fact
     wait_for(lambda: all_lead(bootstrap, topic), what="every gateway to lead")
     producer = ProducerLoad(1, bootstrap, topic, partitions, rate=80)
     producer.start()
+    watermarks = WatermarkReader(bootstrap)
     try:
         wait_for(lambda: producer.ack_count() >= 200, what="the first acknowledgements")
         # Once paused (SIGSTOP: requests hang) and once restarted (stop: refused, then a
         # fresh etcd process on the same data directory).
         for outage, done in (("pause", "paused"), ("restart", "restarted")):
+            watermarks.read(topic, partitions)  # knows the leaders of now before etcd goes
             down_at = time.monotonic()
             if outage == "pause":
                 etcd.proc.send_signal(signal.SIGSTOP)
             else:
                 etcd.stop()
-            time.sleep(6)
+            time.sleep(2)
             # Nothing can be committed now, so the high watermarks the leaders answer stay
             # where the last commits before the outage left them (gateways answer from
             # memory). A record acknowledged during the outage must either come in the
@@ -123,7 +125,8 @@ def test_etcd_outage_stops_acks_all_until_it_is_back(etcd, moto_s3, gateway_fact
             # original offset. Anything else was acknowledged without a commit. A
             # partition whose leadership was moving when etcd went may have no leader to
             # answer (0: nothing past the first second is allowed there).
-            committed = high_watermarks(bootstrap, topic, partitions, timeout=1.5, unanswered=0)
+            committed = watermarks.read(topic, partitions, timeout=down_at + 7.5 - time.monotonic(),
+                                        unanswered=0)
             time.sleep(max(0.0, down_at + 8 - time.monotonic()))
             up_at = time.monotonic()
             if outage == "pause":
@@ -142,6 +145,8 @@ def test_etcd_outage_stops_acks_all_until_it_is_back(etcd, moto_s3, gateway_fact
     except BaseException:
         producer.stop(0)
         raise
+    finally:
+        watermarks.close()
     stop_and_check_producers([producer])
     for gw in gws:
         assert gw.proc.poll() is None, gw.log_tail()

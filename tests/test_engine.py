@@ -18,11 +18,13 @@ from collections import Counter
 import pytest
 
 from moto_fixture import MotoServer, dummy_aws_env
+from stratalog.coordinator.kv import CoordinatorUnavailable
 from stratalog.coordinator.model import PartitionState, TopicInfo
 from stratalog.engine import Batches
-from stratalog.engine.errors import CorruptLog, CorruptRead, NotLeader, OffsetOutOfRange, RecordTooLarge
+from stratalog.engine.errors import (CorruptLog, CorruptRead, NotLeader, OffsetOutOfRange, RecordTooLarge,
+                                     StorageUnavailable)
 from stratalog.engine.producers import OutOfOrderSequence
-from stratalog.engine.wal_writer import WalCommitFailed
+from stratalog.engine.wal_writer import WalCommitDelayed, WalCommitFailed
 from stratalog.gateway.cluster import balance_leaders, decide_partition, new_topic_assignments
 from stratalog.gateway.config import ConfigError, parse_value
 from stratalog.gateway.errors import error_code
@@ -269,6 +271,58 @@ def test_fenced_flush_drops_its_partitions_and_its_object(backends):
         big = batch(2, ts=h.clock.ms, tag="c", value_size=2 * len(a))  # over wal_flush_bytes alone
         assert (await send(engine, "fenced", 1, big, h.clock.ms)).base_offset == 0
         assert_stored(big, await read_all(engine, "fenced", 1), base_offset=0, leader_epoch=0)
+
+    run(backends, body)
+
+
+class FailingCommits:
+    """A coordinator whose WAL commits fail as in an outage while `failing` is set."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.failing = False
+
+    async def commit_wal(self, obj, epochs):
+        if self.failing:
+            raise CoordinatorUnavailable("the test's outage")
+        return await self.inner.commit_wal(obj, epochs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def test_a_flush_fenced_after_the_storage_fault_ends_the_fault(backends):
+    """The coordinator was unreachable past wal.fault.timeout.ms (the WAL is failed: new
+    batches refused) and, while it was, a partition of the flush moved: the commit that
+    finally reaches it is fenced. That answer ends the fault, so the partitions still ours
+    take batches again once re-led (left failed, the engine refused every batch, and with
+    nothing appended no flush ever came to end it)."""
+
+    async def body(h):
+        await h.create_topic("fault-fenced", 2)
+        store = FailingCommits(h.store)
+        engine = await h.start_engine(store=store, wal_fault_timeout_ms=50)
+        await h.lead(engine)
+        store.failing = True
+        waiting = [engine.append("fault-fenced", p, batch(2, ts=h.clock.ms, tag=f"p{p}"), now_ms=h.clock.ms)
+                   for p in (0, 1)]
+        for r in waiting:
+            with pytest.raises(WalCommitDelayed):
+                await asyncio.wait_for(r.commit, TIMEOUT_S)
+        assert engine.storage_fault() is not None
+        with pytest.raises(StorageUnavailable):
+            engine.append("fault-fenced", 1, batch(1, ts=h.clock.ms), now_ms=h.clock.ms)
+
+        await h.move_leadership("fault-fenced", 0, leader=2)
+        store.failing = False
+        await eventually(lambda: engine.led() == {}, "the fenced flush to drop its partitions")
+        assert engine.storage_fault() is None
+
+        await h.lead(engine)
+        assert set(engine.led()) == {("fault-fenced", 1)}
+        again = batch(2, ts=h.clock.ms, tag="again")
+        assert (await send(engine, "fault-fenced", 1, again, h.clock.ms)).base_offset == 0
+        assert_stored(again, await read_all(engine, "fault-fenced", 1), base_offset=0, leader_epoch=0)
 
     run(backends, body)
 
