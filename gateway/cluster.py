@@ -7,6 +7,9 @@ the leased `controller` key and assigns partition leaders and replicas over the 
 - a partition whose leader is gone gets a new leader, preferring live in-sync replicas;
   any live gateway is a clean leader because every committed record is in the object store;
 - every leader change bumps the leader epoch, which fences the old leader's commits;
+- a controller whose own lease ended moves nothing for one lease after registering again:
+  what ended its lease (the coordinator paused or out of reach) ended the others' too, and
+  they are coming back;
 - leaders are spread evenly: a gateway that joins takes partitions from the busiest one;
 - the ISR is the live replicas that report being caught up;
 - an offline partition (its data could not be recovered, `stratalog.engine.offline`) keeps
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import zlib
 from dataclasses import dataclass, field
 from typing import Callable
@@ -56,11 +60,14 @@ class BrokerAddress:
 class Membership:
     """This gateway's leased registration, and the live gateways as last read."""
 
-    def __init__(self, store: ClusterStore, address: BrokerAddress, *, ttl_s: int):
+    def __init__(self, store: ClusterStore, address: BrokerAddress, *, ttl_s: int,
+                 monotonic: Callable[[], float] = time.monotonic):
         self.store = store
         self.address = address
         self.ttl_s = ttl_s
+        self.monotonic = monotonic
         self.lease: int | None = None
+        self.rejoined_at: float | None = None  # when our lease last ended and we registered again
         self.live: dict[int, BrokerAddress] = {address.node_id: address}
         self.lagging: set[str] = set()  # "topic_id/partition" this gateway has not caught up on
         self._registered_lagging: set[str] | None = None
@@ -90,17 +97,29 @@ class Membership:
         while True:
             await asyncio.sleep(interval)
             try:
-                if not await self.store.keepalive(self.lease):
-                    # Our lease ended (we were paused or cut off): partitions we led have
-                    # been, or will be, moved with a new epoch; register again as a newcomer.
-                    log.warning("gateway lease expired; registering again")
-                    await self._register()
-                elif self.lagging != self._registered_lagging:
-                    await self._put()
+                await self.keep_alive_once()
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - coordinator outage: keep trying
                 log.warning("lease keepalive failed: %s", e)
+
+    async def keep_alive_once(self) -> None:
+        """Renew the lease (and the lagging list when it changed); register again when it ended."""
+        if not await self.store.keepalive(self.lease):
+            # Our lease ended (we or the coordinator were paused, or cut off): a
+            # controller that kept its lease moves our partitions with a new epoch;
+            # register again as a newcomer.
+            log.warning("gateway lease expired; registering again")
+            self.rejoined_at = self.monotonic()  # before the new lease can claim the controller
+            await self._register()
+        elif self.lagging != self._registered_lagging:
+            await self._put()
+
+    def rejoining(self) -> bool:
+        """Within one lease after ours ended. Whatever ended it (the coordinator paused or
+        cut off from us) most likely ended the other gateways' leases too, and they are
+        registering again now: their absence from the live set says nothing yet."""
+        return self.rejoined_at is not None and self.monotonic() - self.rejoined_at < self.ttl_s
 
     async def refresh(self) -> dict[int, BrokerAddress]:
         async with self._refreshing:
@@ -238,6 +257,11 @@ class Controller:
         holder = await self.store.claim_controller(me, self.membership.lease)
         self.is_controller = holder == me
         if not self.is_controller:
+            return False
+        if self.membership.rejoining():
+            # Deciding on the live set now would move nearly every partition to us, and
+            # back again as the others come in: a leader change per partition, twice,
+            # for an outage none of them had. A gateway really gone is handled one lease late.
             return False
         live = sorted(self.membership.live)
         if not live:

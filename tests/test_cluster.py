@@ -11,14 +11,21 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 
-def test_leaders_spread_and_fail_over(gateway_factory, etcd, tmp_path):
-    gws = start_cluster(gateway_factory, etcd, tmp_path, 3)
+def spread_cluster(gateway_factory, etcd, tmp_path, stem: str, **settings):
+    """Three gateways and a topic of six partitions, two led by each: (gateways,
+    bootstrap, topic)."""
+    gws = start_cluster(gateway_factory, etcd, tmp_path, 3, **settings)
     bootstrap = ",".join(g.bootstrap for g in gws)
-    topic = f"cluster-{uuid.uuid4().hex[:6]}"
+    topic = f"{stem}-{uuid.uuid4().hex[:6]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, 6, 1)])[topic].result(20)
     wait_for(lambda: sorted(leaders(bootstrap, topic).values()) == [1, 1, 2, 2, 3, 3],
              what="two leaders on each of the three gateways")
+    return gws, bootstrap, topic
+
+
+def test_leaders_spread_and_fail_over(gateway_factory, etcd, tmp_path):
+    gws, bootstrap, topic = spread_cluster(gateway_factory, etcd, tmp_path, "cluster")
 
     p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
                   "message.timeout.ms": 60000})
@@ -104,6 +111,44 @@ def test_a_gateway_started_without_a_broker_id_keeps_the_one_it_was_given(gatewa
     second.stop()
     second.start()
     assert node(second) not in ids
+
+
+def test_an_etcd_pause_past_every_lease_moves_no_leader(gateway_factory, etcd, tmp_path):
+    """etcd paused (SIGSTOP) past the gateways' lease ends every lease when it resumes, and
+    each gateway registers again; gateway 2, paused with it, comes back a moment later, so
+    the controller first sees itself and one other. It waits a lease before judging who is
+    gone: every partition keeps its leader and epoch (no client sees a move for an outage
+    of the coordinator)."""
+    import signal
+
+    from cluster_fixtures import coordinator_snapshot
+
+    lease_s = 6
+    gws, _, topic = spread_cluster(gateway_factory, etcd, tmp_path, "pause",
+                                   **{"broker.session.timeout.ms": lease_s * 1000})
+
+    def states():
+        snap = coordinator_snapshot(etcd.url)
+        [info] = [i for i in snap["topics"].values() if i.name == topic]
+        return {p: (st.leader, st.leader_epoch) for p, st in snap["states"][info.topic_id].items()}
+
+    before = states()
+    late = gws[1]
+    late.proc.send_signal(signal.SIGSTOP)
+    etcd.proc.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(lease_s + 2)
+        etcd.proc.send_signal(signal.SIGCONT)
+        wait_for(lambda: all("registering again" in g.log_path.read_text() for g in gws if g is not late), 30,
+                 "gateways 1 and 3 to register again")
+        time.sleep(0.5)  # the controller's passes see gateways 1 and 3 only
+    finally:
+        late.proc.send_signal(signal.SIGCONT)
+    wait_for(lambda: "registering again" in late.log_path.read_text(), 30, "gateway 2 to register again")
+    time.sleep(lease_s)  # past the controller's wait, and its passes after
+    assert states() == before
+    for gw in gws:
+        assert gw.proc.poll() is None, gw.log_tail()
 
 
 def test_a_group_left_empty_starts_its_offset_expiry_clock(gateway_factory, etcd, tmp_path):

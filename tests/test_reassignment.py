@@ -250,6 +250,55 @@ def test_the_controller_completes_a_reassignment_when_the_new_gateway_registers(
     asyncio.run(run())
 
 
+@pytest.mark.unit
+def test_a_controller_whose_own_lease_ended_waits_a_lease_before_moving_leaders(tmp_path):
+    """The coordinator was paused past every lease (the others' ended with ours). Back, the
+    controller registers again before the others do: for one lease it moves nobody's
+    partitions, so a gateway that comes back in that time keeps them at the same epoch;
+    one still gone after it loses them."""
+    async def run():
+        now = [1000.0]
+        store = KVClusterStore(EmbeddedKV(tmp_path / "coord"))
+        membership = Membership(store, BrokerAddress(1, "127.0.0.1", 1), ttl_s=30, monotonic=lambda: now[0])
+        try:
+            await membership._register()
+            others = {b: await store.grant_lease(30) for b in (2, 3)}
+            for b, lease in others.items():
+                await store.register_broker(b, "127.0.0.1", b, None, lease)
+            await membership.refresh()
+            controller = Controller(store, membership)
+            info = await store.create_topic("t", 3, 1, {}, {
+                p: PartitionState(p + 1, 0, (p + 1,), (p + 1,)) for p in range(3)})
+            assert not await controller.run_once()
+
+            def leaders_and_epochs(states):
+                return {p: (st.leader, st.leader_epoch) for p, st in states.items()}
+
+            for lease in (membership.lease, *others.values()):  # etcd resuming ends them all
+                await store.revoke_lease(lease)
+            await membership.keep_alive_once()  # ours ended: registered again, alone so far
+            await membership.refresh()
+            assert sorted(membership.live) == [1] and membership.rejoining()
+            assert not await controller.run_once()
+            await store.register_broker(2, "127.0.0.1", 2, None, await store.grant_lease(30))
+            await membership.refresh()
+            assert not await controller.run_once()
+            before = {0: (1, 0), 1: (2, 0), 2: (3, 0)}
+            assert leaders_and_epochs(await store.partition_states(info.topic_id)) == before
+
+            now[0] += 31  # a lease later: gateway 3, still not back, loses its partition
+            assert not membership.rejoining()
+            assert await controller.run_once()
+            after = leaders_and_epochs(await store.partition_states(info.topic_id))
+            assert {p: after[p] for p in (0, 1)} == {0: (1, 0), 1: (2, 0)}
+            assert after[2][0] in (1, 2) and after[2][1] == 1
+        finally:
+            await membership.stop()
+            await store.close()
+
+    asyncio.run(run())
+
+
 def with_late_registrations(tmp_path, check, etcd_server=None) -> None:
     """Run `check(broker, store)` on gateway 1 (embedded coordinator, or `etcd_server`) after
     gateways 2 and 3 registered without gateway 1 reading the live set since."""
