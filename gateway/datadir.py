@@ -11,6 +11,8 @@ version of that layout.
       cache/                 the remote read cache: emptied at start
       migrate-crc32c.journal `stratalog migrate`'s record of the objects it checked
                              (tiering.objectstore.copy.CrcJournal); the gateway ignores it
+      migrate-scratch/       `stratalog migrate`'s scratch files while it copies, and
+      migrate-scratch.lock   the lock that keeps two of its runs apart; ignored too
       broker.id              the broker id the cluster gave a gateway started without one,
                              and that cluster's id: `<id> <cluster id>` and a newline;
                              only on etcd

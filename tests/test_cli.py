@@ -304,15 +304,24 @@ def test_groups_of_both_protocols_are_listed_with_their_type(bootstrap):
 
 
 def _start_consumer(*args: str) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k != "STRATALOG_BOOTSTRAP"}
+    # PYTHONFAULTHANDLER: a consumer that does not end is sent SIGABRT, and prints where
+    # each of its threads is (the handler needs no GIL, so it works on a stuck one too).
+    env = {**{k: v for k, v in os.environ.items() if k != "STRATALOG_BOOTSTRAP"}, "PYTHONFAULTHANDLER": "1"}
     return subprocess.Popen([sys.executable, "-m", "stratalog.infra.cli", "consume", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
 
 
 def _interrupt(member: subprocess.Popen) -> None:
-    """Ctrl-C ends a consumer cleanly with status 130."""
+    """Ctrl-C ends a consumer cleanly with status 130 (its close is bounded by
+    consume.CLOSE_TIMEOUT_S, 10 s)."""
     member.send_signal(signal.SIGINT)
-    _out, err = member.communicate(timeout=15)
+    try:
+        _out, err = member.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        member.send_signal(signal.SIGABRT)
+        _out, err = member.communicate(timeout=15)
+        raise AssertionError("the consumer did not end within 15 s of SIGINT; its threads, "
+                             "as faulthandler saw them on SIGABRT:\n" + err.decode(errors="replace")) from None
     assert member.returncode == 130, err.decode()
     assert err == b""
 

@@ -203,9 +203,21 @@ def test_refusals_of_a_bad_argument_or_a_bucket_holding_anything_else(tmp_path, 
     assert migrate() == 1
     assert "migrated from another installation (/elsewhere)" in capsys.readouterr().err
     (target / "migration.json").unlink()
+
+    # Another run copying from the same directory is refused; files a killed run left in
+    # the scratch folder are removed by the next, which leaves none.
+    import fcntl
+
+    with open(data_dir / "migrate-scratch.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert migrate() == 1
+    assert "another `stratalog migrate` is copying from" in capsys.readouterr().err
+    (data_dir / "migrate-scratch").mkdir()
+    (data_dir / "migrate-scratch/object-7").write_bytes(b"left by a run killed with -9")
     assert migrate() == 0
     assert (target / "topics/a.log").read_bytes() == b"a"
     assert "1 copied" in capsys.readouterr().out
+    assert not (data_dir / "migrate-scratch").exists()
 
 
 # ---- end to end ----------------------------------------------------------------------------
@@ -354,6 +366,7 @@ def test_migrate_an_embedded_installation_to_etcd_and_s3(gateway_factory, etcd, 
     fault_proxy.clear()
     fault_proxy.release()
     assert not set(source_wal) <= set(moto_s3.keys())  # interrupted half way
+    assert any((data_dir / "migrate-scratch").iterdir())  # the killed run's, removed by the next
 
     # The next run copies the difference; then etcd stops answering as the topics are written.
     from stratalog.coordinator.etcd import EtcdKV
@@ -395,6 +408,7 @@ def test_migrate_an_embedded_installation_to_etcd_and_s3(gateway_factory, etcd, 
     assert main(_migrate_args(data_dir, etcd.url, moto_s3)) == 0
     out = capsys.readouterr().out
     assert "(resumed)" in out and "objects: 0 copied" in out and "migrated" in out, out
+    assert not (data_dir / "migrate-scratch").exists()
     # The file store's own listing: its temporary files are no objects.
     objects = {o.key for o in list_files(data_dir / "objects", "")}
     assert set(moto_s3.keys()) == objects | {"migration.json"}

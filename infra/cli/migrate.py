@@ -31,8 +31,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import fcntl
 import json
-import tempfile
+import os
+import shutil
 import time
 from pathlib import Path
 
@@ -43,6 +46,10 @@ MARKER_OBJECT = "migration.json"
 # In the data directory: the CRC-32C of every object checked, so a later run (the final
 # one after --objects-only) reads from local disk only what it has not checked before.
 JOURNAL_FILE = "migrate-crc32c.journal"
+# In the data directory too: the copy's scratch files, emptied when a run starts (a run
+# killed with -9 leaves its files there, on the disk the installation already has room on)
+# and removed when it ends; its lock keeps two runs on one directory apart.
+SCRATCH_DIR = "migrate-scratch"
 MAX_PARALLEL = 64  # objects in flight: each holds a connection and a scratch file
 
 
@@ -224,18 +231,39 @@ async def _copy(source_objects, target_objects, args, prune: bool) -> None:
     from stratalog.tiering.objectstore.copy import CrcJournal, copy_objects
 
     started = time.monotonic()
-    journal = CrcJournal(args.data_dir / JOURNAL_FILE, source_objects.url)
-    try:
-        with tempfile.TemporaryDirectory(prefix="stratalog-migrate-") as scratch:
-            report = await copy_objects(source_objects, target_objects, Path(scratch), parallel=args.parallel,
+    with _scratch(args.data_dir) as scratch:
+        journal = CrcJournal(args.data_dir / JOURNAL_FILE, source_objects.url)
+        try:
+            report = await copy_objects(source_objects, target_objects, scratch, parallel=args.parallel,
                                         exclude=frozenset({MARKER_OBJECT}), prune=prune, journal=journal)
-    finally:
-        journal.close()
+        finally:
+            journal.close()
     extra = f", {report.removed} left from an earlier pass removed" if report.removed else ""
     if report.vanished:  # only beside a running gateway (--objects-only): it collects objects
         extra += f", {report.vanished} deleted by the gateway before they were read"
     print(f"objects: {report.copied} copied ({report.bytes_copied} bytes), {report.skipped} already there "
           f"with the same CRC-32C{extra}, in {time.monotonic() - started:.1f} s")
+
+
+@contextlib.contextmanager
+def _scratch(data_dir: Path):
+    """SCRATCH_DIR, empty, for this run alone."""
+    scratch = data_dir / SCRATCH_DIR
+    lock_fd = os.open(data_dir / (SCRATCH_DIR + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CliError(f"another `stratalog migrate` is copying from {data_dir}; "
+                           "wait for it to end") from None
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir()
+        try:
+            yield scratch
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    finally:
+        os.close(lock_fd)  # closing the descriptor releases the lock
 
 
 async def _unreferenced(source, target_objects) -> list[str]:
