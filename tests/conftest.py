@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,13 @@ from stratalog.infra.processes import Child, ProcessFailed, accepting, free_port
 __all__ = ["ROOT", "GatewayProcess", "free_port"]
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def with_ctrl_c() -> None:
+    """A `preexec_fn` for a child a test sends SIGINT, as a terminal's Ctrl-C would: a test
+    run started in the background of a non-interactive shell (`... &` in a script) inherits
+    SIGINT ignored, and so would the child, which then never sees it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 TIERS = ("unit", "integration", "compat", "chaos")
 
 

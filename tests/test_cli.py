@@ -26,7 +26,7 @@ import uuid
 
 import pytest
 
-from conftest import ROOT, GatewayProcess, free_port
+from conftest import ROOT, GatewayProcess, free_port, with_ctrl_c
 
 @pytest.fixture(scope="module")
 def bootstrap(tmp_path_factory):
@@ -308,7 +308,7 @@ def _start_consumer(*args: str) -> subprocess.Popen:
     # each of its threads is (the handler needs no GIL, so it works on a stuck one too).
     env = {**{k: v for k, v in os.environ.items() if k != "STRATALOG_BOOTSTRAP"}, "PYTHONFAULTHANDLER": "1"}
     return subprocess.Popen([sys.executable, "-m", "stratalog.infra.cli", "consume", *args], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, preexec_fn=with_ctrl_c)
 
 
 def _interrupt(member: subprocess.Popen) -> None:

@@ -19,6 +19,7 @@ from queue import Queue
 
 import pytest
 
+from conftest import with_ctrl_c
 from etcd_fixture import etcd_binary
 from stratalog.infra.cli import build_parser, main
 from stratalog.infra.cluster import ClusterState, pid_alive, process_start_time
@@ -241,7 +242,8 @@ def test_foreground_cluster_stops_on_ctrl_c(cluster_dir):
     flags, ports = port_flags(1)
     launcher = subprocess.Popen([sys.executable, "-m", "stratalog.infra.cli", "cluster", "up",
                                  "--dir", str(cluster_dir), *flags],
-                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=with_ctrl_c)
     try:
         # A thread reads stdout, so a launcher that never prints cannot hang the test.
         queue: Queue = Queue()
