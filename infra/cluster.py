@@ -25,7 +25,6 @@ one), so a pid reused by an unrelated process is never mistaken for ours or sign
 from __future__ import annotations
 
 import errno
-import fcntl
 import importlib.util
 import json
 import os
@@ -40,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from stratalog.infra import processes
+from stratalog.infra.dirlock import DirectoryLock
 from stratalog.infra.processes import LOOPBACK, http_get, log_tail
 
 STATE_FILE = "cluster.json"
@@ -296,36 +296,10 @@ class ClusterPlan:
         return f"s3://{BUCKET}/{PREFIX}"
 
 
-class DirectoryLock:
-    """An exclusive flock on `<dir>/cluster.lock`, so two commands never race on one cluster."""
-
-    def __init__(self, directory: Path):
-        self.path = Path(directory) / LOCK_FILE
-        self._fd: int | None = None
-
-    def __enter__(self) -> "DirectoryLock":
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-    def acquire(self) -> None:
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise ClusterError(f"cannot lock {self.path}: {e.strerror or e}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise ClusterError(f"another 'stratalog cluster' command is using {self.path.parent}") from None
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+def cluster_lock(directory: Path) -> DirectoryLock:
+    """The lock on `<dir>/cluster.lock`, so two commands never race on one cluster."""
+    return DirectoryLock(Path(directory) / LOCK_FILE, error=ClusterError,
+                         busy=f"another 'stratalog cluster' command is using {directory}")
 
 
 def child_env() -> dict[str, str]:
@@ -358,7 +332,7 @@ class ClusterLauncher:
         self.children: dict[str, subprocess.Popen] = {}
         self._started: dict[str, processes.Child] = {}
         self.state: ClusterState | None = None
-        self._lock = DirectoryLock(self.dir)
+        self._lock = cluster_lock(self.dir)
 
     # The whole start: any failure (or Ctrl-C) stops what already runs, then re-raises.
     def start(self) -> ClusterState:
@@ -567,7 +541,7 @@ def down(directory: Path, timeout_s: float = 20.0, clock: Callable[[], float] = 
             sleep(0.05)
         if ClusterState.load(directory) is None:
             return state, running
-    with DirectoryLock(directory):
+    with cluster_lock(directory):
         return state, stop_cluster(state, None, timeout_s, clock, sleep)
 
 

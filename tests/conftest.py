@@ -10,7 +10,7 @@ import pytest
 
 from stratalog.infra.processes import Child, ProcessFailed, accepting, free_port, serve_command
 
-__all__ = ["ROOT", "GatewayProcess", "free_port"]
+__all__ = ["ROOT", "GatewayProcess", "free_port", "with_ctrl_c"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,6 +20,8 @@ def with_ctrl_c() -> None:
     run started in the background of a non-interactive shell (`... &` in a script) inherits
     SIGINT ignored, and so would the child, which then never sees it."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 TIERS = ("unit", "integration", "compat", "chaos")
 
 

@@ -32,9 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import fcntl
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -248,22 +246,17 @@ async def _copy(source_objects, target_objects, args, prune: bool) -> None:
 @contextlib.contextmanager
 def _scratch(data_dir: Path):
     """SCRATCH_DIR, empty, for this run alone."""
+    from stratalog.infra.dirlock import DirectoryLock
+
     scratch = data_dir / SCRATCH_DIR
-    lock_fd = os.open(data_dir / (SCRATCH_DIR + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise CliError(f"another `stratalog migrate` is copying from {data_dir}; "
-                           "wait for it to end") from None
+    with DirectoryLock(data_dir / (SCRATCH_DIR + ".lock"), error=CliError,
+                       busy=f"another `stratalog migrate` is copying from {data_dir}; wait for it to end"):
         shutil.rmtree(scratch, ignore_errors=True)
         scratch.mkdir()
         try:
             yield scratch
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-    finally:
-        os.close(lock_fd)  # closing the descriptor releases the lock
 
 
 async def _unreferenced(source, target_objects) -> list[str]:
